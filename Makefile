@@ -6,12 +6,15 @@
 SHELL := /bin/bash
 BOOMERANG_CACHE ?= $(HOME)/.cache/boomerang
 export BOOMERANG_CACHE
+# The repo's `operator/` folder would shadow the standard library's `operator` for any
+# `python -m`/`-c` started here (cwd goes first on sys.path): never put cwd on sys.path.
+export PYTHONSAFEPATH := 1
 DEV_HASH := $(shell cat pyproject.toml | sha256sum | cut -c1-12)
 VENV := $(BOOMERANG_CACHE)/venv-dev-$(DEV_HASH)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: dev engine tools redis check lint types test unit demo cluster crds
+.PHONY: print-venv dev engine tools redis check lint types test unit demo cluster crds
 
 dev: $(VENV)/.done
 $(VENV)/.done: pyproject.toml
@@ -53,3 +56,6 @@ cluster: dev tools
 
 demo: dev engine
 	$(VENV)/bin/boomerang demo examples/local-cpu.yaml
+
+print-venv:
+	@echo $(VENV)
