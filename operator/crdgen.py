@@ -1,0 +1,163 @@
+"""Generate the CustomResourceDefinition from the pydantic API (`make crds`).
+
+The CRD is never edited by hand: `crds/` (for `kubectl apply`) and the Helm chart's template
+(so `helm upgrade` carries schema changes, which Helm's own `crds/` folder would not) are both
+written here from `api.py`. A unit test regenerates them in memory and fails, naming
+`make crds`, when the committed files drift.
+
+Pydantic emits JSON Schema; Kubernetes wants a *structural* OpenAPI v3 schema: every `$ref`
+inlined, no `additionalProperties: false`, nullable optionals expressed as "not required",
+object defaults of `{}` so nested defaults (and the CEL rules that read them) always apply.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from boomerang.operator import api
+
+CRD_NAME = f"{api.PLURAL}.{api.GROUP}"
+CRD_FILE = f"{api.GROUP}_{api.PLURAL}.yaml"
+CHART_TEMPLATE = "charts/boomerang/templates/crd.yaml"
+COMMAND = "make crds"
+
+PRINTER_COLUMNS = [
+    {"name": "Prefill", "type": "integer", "jsonPath": ".status.prefill.ready",
+     "description": "Ready prefill replicas"},
+    {"name": "Decode", "type": "integer", "jsonPath": ".status.decode.ready",
+     "description": "Ready decode replicas"},
+    {"name": "Router", "type": "integer", "jsonPath": ".status.router.ready",
+     "description": "Ready router replicas"},
+    {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+     "description": "Ready condition"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]  # fmt: skip
+
+
+def _structural(node: Any, defs: dict[str, Any]) -> Any:
+    """Rewrite one pydantic JSON-schema node into its structural OpenAPI form."""
+    if isinstance(node, list):
+        return [_structural(item, defs) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = defs[node["$ref"].rsplit("/", 1)[-1]]
+        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        return _structural(merged, defs)
+    any_of = node.get("anyOf")
+    if any_of and any(alt.get("type") == "null" for alt in any_of):
+        rest = [alt for alt in any_of if alt.get("type") != "null"]
+        outer = {k: v for k, v in node.items() if k not in ("anyOf", "default")}
+        if len(rest) == 1:
+            return _structural({**rest[0], **outer}, defs)
+        node = {**outer, "anyOf": rest}
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in ("title", "$defs") or (key == "additionalProperties" and value is False):
+            continue
+        if key == "const":
+            out["enum"] = [value]
+        elif key == "properties":
+            out[key] = {name: _structural(v, defs) for name, v in value.items()}
+        else:
+            out[key] = _structural(value, defs)
+    if out.get("type") == "object" and "properties" in out:
+        required = set(out.get("required", []))
+        for name, prop in out["properties"].items():
+            if name not in required and prop.get("type") == "object" and "default" not in prop:
+                if "properties" in prop and not prop.get("required"):
+                    prop["default"] = {}
+    if "enum" in out and "type" not in out:
+        out["type"] = "string"
+    return out
+
+
+def openapi_schema(model: type[api.BaseModel]) -> dict[str, Any]:
+    """The structural schema of one pydantic model."""
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    return dict(_structural(raw, raw.get("$defs", {})))
+
+
+def crd() -> dict[str, Any]:
+    """The full CustomResourceDefinition object."""
+    spec = openapi_schema(api.DisaggregatedDeploymentSpec)
+    spec["x-kubernetes-validations"] = [
+        {"rule": r.cel, "message": r.message, "fieldPath": r.field_path, "reason": "FieldValueInvalid"}
+        for r in api.RULES
+    ]
+    status = openapi_schema(api.DisaggregatedDeploymentStatus)
+    schema = {
+        "type": "object",
+        "description": api.DisaggregatedDeployment.__doc__,
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": "API version."},
+            "kind": {"type": "string", "description": "Kind."},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": status,
+        },
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": CRD_NAME,
+            "labels": {"app.kubernetes.io/part-of": "boomerang"},
+        },
+        "spec": {
+            "group": api.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": api.KIND,
+                "listKind": f"{api.KIND}List",
+                "plural": api.PLURAL,
+                "singular": api.SINGULAR,
+                "shortNames": api.SHORT_NAMES,
+                "categories": ["boomerang"],
+            },
+            "versions": [
+                {
+                    "name": api.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": schema},
+                }
+            ],
+        },
+    }
+
+
+_HEADER = "# Generated by `make crds` from operator/api.py. Do not edit.\n"
+
+
+def rendered() -> dict[str, str]:
+    """Relative path -> file content of every generated file."""
+    body = yaml.safe_dump(crd(), sort_keys=False, width=100)
+    chart = (
+        _HEADER
+        + "{{- if .Values.crds.install }}\n"
+        + body.replace("  labels:\n", "  annotations:\n    helm.sh/resource-policy: keep\n  labels:\n", 1)
+        + "{{- end }}\n"
+    )
+    return {f"crds/{CRD_FILE}": _HEADER + body, CHART_TEMPLATE: chart}
+
+
+def main(argv: list[str] | None = None) -> int:
+    root = Path(argv[0] if argv else ".").resolve()
+    for rel, content in rendered().items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+        print(f"wrote {rel}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

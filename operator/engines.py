@@ -1,0 +1,233 @@
+"""Pure builders for the engine roles: one StatefulSet and one headless Service per role.
+
+Why a StatefulSet: every engine pod needs a stable identity the router can name in a KV handle
+(D's blocks live in one pod), and the headless Service gives each pod DNS and an EndpointSlice
+entry the router watches. Why these pod details:
+- the NIXL side channel binds and advertises `VLLM_NIXL_SIDE_CHANNEL_HOST`: the pod IP, from the
+  downward API (the entrypoint copies `POD_IP` into it);
+- EFA needs the `vpc.amazonaws.com/efa` devices, IPC_LOCK to register memory, hugepages;
+- model loading takes minutes: a startup probe with a long budget guards the readiness probe;
+- the config hash annotation rolls pods on any change; the engine revision rolls both roles.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from boomerang.connector.config import HTTP_PORT, SIDE_CHANNEL_PORTS, Role
+from boomerang.operator import render
+from boomerang.operator.api import DisaggregatedDeployment
+from boomerang.operator.merge import deep_merge
+
+STARTUP_BUDGET_S = 1800
+
+
+def build_headless_service(dd: DisaggregatedDeployment, role: Role) -> dict[str, Any]:
+    """Per-pod DNS and the EndpointSlices the router watches (ready pods only)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": render.child_name(dd, role),
+            "namespace": dd.namespace,
+            "labels": render.labels(dd, role),
+        },
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": False,
+            "selector": render.selector_labels(dd, role),
+            "ports": [
+                {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
+                {
+                    "name": "nixl-side",
+                    "port": SIDE_CHANNEL_PORTS[role],
+                    "targetPort": "nixl-side",
+                    "protocol": "TCP",
+                },
+            ],
+        },
+    }
+
+
+def build_statefulset(dd: DisaggregatedDeployment, role: Role) -> dict[str, Any]:
+    """The engine StatefulSet of one role."""
+    spec = render.role_spec(dd, role)
+    template = _pod_template(dd, role)
+    template["metadata"]["annotations"][render.ANNOTATION_CONFIG_HASH] = render.stable_hash(
+        template
+    )
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {
+            "name": render.child_name(dd, role),
+            "namespace": dd.namespace,
+            "labels": render.labels(dd, role),
+        },
+        "spec": {
+            "replicas": spec.replicas,
+            "serviceName": render.child_name(dd, role),
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "RollingUpdate"},
+            "selector": {"matchLabels": render.selector_labels(dd, role)},
+            "template": template,
+        },
+    }
+
+
+def _pod_template(dd: DisaggregatedDeployment, role: Role) -> dict[str, Any]:
+    spec = render.role_spec(dd, role)
+    pod: dict[str, Any] = {
+        "terminationGracePeriodSeconds": spec.termination_grace_period_seconds,
+        "enableServiceLinks": False,
+        "containers": [_engine_container(dd, role)],
+        "volumes": _volumes(dd, role),
+        "affinity": _affinity(dd, role),
+    }
+    if spec.node_selector:
+        pod["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod["tolerations"] = [dict(t) for t in spec.tolerations]
+    template = {
+        "metadata": {
+            "labels": render.labels(dd, role),
+            "annotations": {render.ANNOTATION_ENGINE_REVISION: render.engine_revision(dd)},
+        },
+        "spec": pod,
+    }
+    return deep_merge(template, spec.pod_template)
+
+
+def _engine_container(dd: DisaggregatedDeployment, role: Role) -> dict[str, Any]:
+    spec = render.role_spec(dd, role)
+    container: dict[str, Any] = {
+        "name": "engine",
+        "image": dd.spec.engine.image,
+        "imagePullPolicy": dd.spec.engine.image_pull_policy,
+        "command": ["boomerang-engine", "--"],
+        "args": render.engine_args(dd, role),
+        "env": _env(dd, role),
+        "ports": [
+            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+            {"name": "nixl-side", "containerPort": SIDE_CHANNEL_PORTS[role], "protocol": "TCP"},
+        ],
+        "resources": _resources(dd, role),
+        "volumeMounts": _mounts(dd, role),
+        "startupProbe": _probe(period=10, failures=STARTUP_BUDGET_S // 10),
+        "readinessProbe": _probe(period=5, failures=3),
+        "livenessProbe": _probe(period=15, failures=8),
+        # Let the router see the pod leave its EndpointSlice before vLLM stops accepting work.
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", "10"]}}},
+    }
+    if spec.resources.efa > 0:
+        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+    return container
+
+
+def _probe(period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": "/health", "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
+
+
+def _env(dd: DisaggregatedDeployment, role: Role) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
+    literal = render.engine_env(dd, role)
+    env += [{"name": k, "value": v} for k, v in sorted(literal.items())]
+    env += [
+        {"name": var.name, "valueFrom": dict(var.value_from)}
+        for var in render.user_env(dd, role)
+        if var.value_from is not None
+    ]
+    return env
+
+
+def _resources(dd: DisaggregatedDeployment, role: Role) -> dict[str, Any]:
+    res = render.role_spec(dd, role).resources
+    amounts: dict[str, Any] = {}
+    if res.cpu is not None:
+        amounts["cpu"] = res.cpu
+    if res.memory is not None:
+        amounts["memory"] = res.memory
+    if res.gpus:
+        amounts["nvidia.com/gpu"] = res.gpus
+    if res.efa:
+        amounts["vpc.amazonaws.com/efa"] = res.efa
+    if res.hugepages2_mi is not None:
+        amounts["hugepages-2Mi"] = res.hugepages2_mi
+    if not amounts:
+        return {}
+    # Extended resources and hugepages need requests == limits; engines get Guaranteed QoS.
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def _model_claim(dd: DisaggregatedDeployment) -> str | None:
+    source = dd.spec.model.source
+    if not source.startswith("pvc://"):
+        return None
+    return source.removeprefix("pvc://").split("/", 1)[0]
+
+
+def _volumes(dd: DisaggregatedDeployment, role: Role) -> list[dict[str, Any]]:
+    res = render.role_spec(dd, role).resources
+    volumes: list[dict[str, Any]] = [
+        {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": res.shm_size}},
+        {"name": "cache", "emptyDir": {}},
+    ]
+    claim = _model_claim(dd)
+    if claim:
+        volumes.append(
+            {"name": "models", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        )
+    if res.hugepages2_mi is not None:
+        volumes.append({"name": "hugepages", "emptyDir": {"medium": "HugePages-2Mi"}})
+    return volumes
+
+
+def _mounts(dd: DisaggregatedDeployment, role: Role) -> list[dict[str, Any]]:
+    mounts: list[dict[str, Any]] = [
+        {"name": "shm", "mountPath": "/dev/shm"},
+        {"name": "cache", "mountPath": "/var/cache/boomerang"},
+    ]
+    if _model_claim(dd):
+        mounts.append({"name": "models", "mountPath": render.MODELS_DIR, "readOnly": True})
+    if render.role_spec(dd, role).resources.hugepages2_mi is not None:
+        mounts.append({"name": "hugepages", "mountPath": "/hugepages-2Mi"})
+    return mounts
+
+
+def _affinity(dd: DisaggregatedDeployment, role: Role) -> dict[str, Any]:
+    """Spread a role across nodes; keep it near the other role when placement asks for it."""
+    spread = {
+        "weight": 100,
+        "podAffinityTerm": {
+            "labelSelector": {"matchLabels": render.selector_labels(dd, role)},
+            "topologyKey": "kubernetes.io/hostname",
+        },
+    }
+    affinity: dict[str, Any] = {
+        "podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [spread]}
+    }
+    placement = dd.spec.placement
+    if placement.topology_key:
+        other: Role = "decode" if role == "prefill" else "prefill"
+        term = {
+            "labelSelector": {"matchLabels": render.selector_labels(dd, other)},
+            "topologyKey": placement.topology_key,
+        }
+        if placement.required and role == "decode":
+            # Only one side may *require* the other, or neither could ever schedule first.
+            affinity["podAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [term]}
+        else:
+            affinity["podAffinity"] = {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {"weight": 100, "podAffinityTerm": term}
+                ]
+            }
+    return deep_merge(affinity, render.role_spec(dd, role).affinity)
