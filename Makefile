@@ -9,7 +9,8 @@ export BOOMERANG_CACHE
 # The repo's `operator/` folder would shadow the standard library's `operator` for any
 # `python -m`/`-c` started here (cwd goes first on sys.path): never put cwd on sys.path.
 export PYTHONSAFEPATH := 1
-DEV_HASH := $(shell cat pyproject.toml | sha256sum | cut -c1-12)
+# Keyed on what the install depends on (everything above the tool settings in pyproject.toml).
+DEV_HASH := $(shell sed '/^\[tool.pytest/,$$d' pyproject.toml | sha256sum | cut -c1-12)
 VENV := $(BOOMERANG_CACHE)/venv-dev-$(DEV_HASH)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
@@ -52,7 +53,7 @@ test: dev redis tools engine lint types
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 cluster: dev tools
-	$(PY) -m e2e.cluster
+	PYTHONSAFEPATH= $(PY) e2e/cluster.py
 
 demo: dev engine
 	$(VENV)/bin/boomerang demo examples/local-cpu.yaml
