@@ -12,9 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
-from pydantic import ValidationError
-
 from boomerang.router.config import RouterConfig
+from pydantic import ValidationError
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -30,9 +29,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--api-keys-file", help="require Bearer keys listed in this file")
     p.add_argument("--decoder-blocks-ttl", type=float, help="D's decoder_kv_blocks_ttl, seconds")
     p.add_argument("--handle-ttl", type=float, help="router handle TTL, seconds")
-    p.add_argument(
-        "--no-bidirectional", action="store_true", help="never attach D's params to P"
-    )
+    p.add_argument("--no-bidirectional", action="store_true", help="never attach D's params to P")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING, ...")
     return p.parse_args(argv)
 
@@ -73,13 +70,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"boomerang-router: invalid configuration:\n{exc}", file=sys.stderr)
         raise SystemExit(2) from exc
     from boomerang.router.app import create_app
+    from boomerang.router.logs import configure
 
+    configure(config.log_level, config.log_json)
     web.run_app(
         create_app(config),
         host=config.listen_host,
         port=config.listen_port,
         access_log=None,
         print=None,
+        handler_cancellation=True,
     )
 
 

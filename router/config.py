@@ -33,7 +33,8 @@ class KubernetesSource(_Model):
 
     namespace: str = Field(description="Namespace of the Service.")
     service: str = Field(
-        description="Service name; slices labelled kubernetes.io/service-name=<service> are watched."
+        description="Service name; slices labelled kubernetes.io/service-name=<service> "
+        "are watched."
     )
     port: int = Field(default=8000, ge=1, le=65535, description="Engine HTTP port on each pod.")
 

@@ -1,0 +1,233 @@
+"""The aiohttp application: routes, middlewares and the lifecycle of everything a router holds.
+
+`create_app(config)` is the only way in: no module globals, one `ClientSession` per app,
+resources (store, session, discovery watchers, health prober, expiry sweeper) opened and
+closed in `cleanup_ctx`, state under typed `AppKey`s. Tests and the local runtime start it
+in-process; `boomerang-router` runs it with `web.run_app` (with handler cancellation on, so a
+client disconnect cancels the upstream calls).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from boomerang.router import auth, logs
+from boomerang.router.config import EndpointSource, RouterConfig
+from boomerang.router.decode import ClientGone
+from boomerang.router.discovery import SliceWatcher, api_access
+from boomerang.router.endpoints import LeastWorkAffinity, Pool, Strategy
+from boomerang.router.errors import ApiError
+from boomerang.router.flow import Router
+from boomerang.router.health import probe_all, run_prober
+from boomerang.router.metrics import Metrics
+from boomerang.router.store import ConversationStore, MemoryStore
+from boomerang.router.upstream import UpstreamError, get_json, timeout
+from boomerang.router.validation import Kind, check_model, parse_json, validate
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+log = logging.getLogger("boomerang.router")
+
+CONFIG = web.AppKey("config", RouterConfig)
+METRICS = web.AppKey("metrics", Metrics)
+ROUTER = web.AppKey("router", Router)
+KEYS = web.AppKey("api_keys", dict)
+REQUEST_ID = web.RequestKey("request_id", str)
+
+
+def create_app(
+    config: RouterConfig,
+    *,
+    strategy: Strategy | None = None,
+    store: ConversationStore | None = None,
+) -> web.Application:
+    """The router application for `config` (a strategy or store may be injected)."""
+    app = web.Application(client_max_size=config.max_request_bytes, middlewares=[_request_context])
+    app[CONFIG] = config
+    app[METRICS] = Metrics()
+    if config.api_keys_file:
+        app[KEYS] = auth.load_keys(config.api_keys_file)
+    app.cleanup_ctx.append(_lifecycle(strategy, store))
+    app.on_response_prepare.append(_add_request_id)
+    app.router.add_post("/v1/chat/completions", _completions("chat"))
+    app.router.add_post("/v1/completions", _completions("completion"))
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/ready", _ready)
+    app.router.add_get("/metrics", _metrics)
+    return app
+
+
+def _make_store(config: RouterConfig) -> ConversationStore:
+    if config.store.kind == "redis":
+        from boomerang.router.redis_store import RedisStore
+
+        assert config.store.url is not None
+        return RedisStore(config.store.url, config.store.key_prefix)
+    return MemoryStore(config.store.max_conversations)
+
+
+def _static_or_watch(
+    source: EndpointSource, pool: Pool, session: aiohttp.ClientSession
+) -> asyncio.Task[None] | None:
+    if source.urls is not None:
+        pool.set_urls(source.urls)
+        return None
+    assert source.kubernetes is not None
+    watcher = SliceWatcher(source.kubernetes, api_access(), pool.set_urls)
+    return asyncio.create_task(watcher.run(session))
+
+
+def _lifecycle(strategy: Strategy | None, store: ConversationStore | None) -> Any:
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        config, metrics = app[CONFIG], app[METRICS]
+        h = config.health
+        pools = [
+            Pool("prefill", h.eject_after_failures, h.readmit_after_successes),
+            Pool("decode", h.eject_after_failures, h.readmit_after_successes),
+        ]
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, ttl_dns_cache=30)
+        session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        the_store = store or _make_store(config)
+        app[ROUTER] = Router(
+            config,
+            pools[0],
+            pools[1],
+            strategy or LeastWorkAffinity(config.decode_affinity_slack),
+            the_store,
+            metrics,
+            session,
+        )
+        tasks = [
+            t
+            for t in (
+                _static_or_watch(config.prefill, pools[0], session),
+                _static_or_watch(config.decode, pools[1], session),
+            )
+            if t is not None
+        ]
+        await probe_all(session, pools, config, metrics)
+        tasks.append(asyncio.create_task(run_prober(session, pools, config, metrics)))
+        tasks.append(asyncio.create_task(_sweeper(the_store, config, metrics)))
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await the_store.close()
+            await session.close()
+
+    return lifecycle
+
+
+async def _sweeper(store: ConversationStore, config: RouterConfig, metrics: Metrics) -> None:
+    while True:
+        await asyncio.sleep(config.store.sweep_interval_s)
+        store.sweep(time.time())
+        size = await store.size()
+        if size is not None:
+            metrics.stored_conversations.set(size)
+
+
+@web.middleware
+async def _request_context(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Request id for logs and the response; ApiError -> OpenAI-style error body."""
+    rid = logs.new_request_id(request.headers.get("X-Request-Id"))
+    request[REQUEST_ID] = rid
+    token = logs.request_id.set(rid)
+    try:
+        try:
+            response: web.StreamResponse = await handler(request)
+        except ApiError as exc:
+            response = exc.response()
+        except web.HTTPException as exc:
+            response = ApiError(exc.status, exc.reason).response()
+        except Exception:
+            log.exception("Unhandled error")
+            response = ApiError(500, "internal router error").response()
+        return response
+    finally:
+        logs.request_id.reset(token)
+
+
+async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    rid = request.get(REQUEST_ID)
+    if rid:
+        response.headers["X-Request-Id"] = rid
+
+
+def _tenant(request: web.Request) -> str:
+    keys = request.app.get(KEYS)
+    tenant: str = auth.tenant_of(request.headers.get("Authorization"), keys)
+    return tenant
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    if request.content_length is not None and request.content_length > limit:
+        raise ApiError(413, f"request body exceeds {limit} bytes")
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise ApiError(413, f"request body exceeds {limit} bytes") from None
+
+
+def _completions(kind: Kind) -> Any:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        config, metrics = request.app[CONFIG], request.app[METRICS]
+        outcome = "error"
+        try:
+            tenant = _tenant(request)
+            data = parse_json(await _read_body(request, config.max_request_bytes))
+            req = validate(kind, data, request.headers.get("X-Conversation-Id"))
+            check_model(req.model, config.model)
+            response: web.StreamResponse = await request.app[ROUTER].handle(request, req, tenant)
+            outcome = "ok"
+            return response
+        except ApiError as exc:
+            outcome = "client_error" if exc.status < 500 else "unavailable"
+            raise
+        except (ClientGone, asyncio.CancelledError):
+            outcome = "cancelled"
+            raise
+        finally:
+            metrics.requests.labels(outcome).inc()
+
+    return handler
+
+
+async def _models(request: web.Request) -> web.StreamResponse:
+    _tenant(request)
+    router = request.app[ROUTER]
+    t = request.app[CONFIG].timeouts
+    for pool in (router.decode, router.prefill):
+        for ep in pool.candidates():
+            try:
+                data = await get_json(
+                    router.session, ep.url + "/v1/models", timeout(t.probe_s, t.connect_s)
+                )
+            except UpstreamError:
+                continue
+            return web.json_response(data)
+    raise ApiError(503, "no engine answered /v1/models")
+
+
+async def _health(request: web.Request) -> web.StreamResponse:
+    return web.json_response({"status": "ok"})
+
+
+async def _ready(request: web.Request) -> web.StreamResponse:
+    router = request.app[ROUTER]
+    p, d = router.prefill.ready_count(), router.decode.ready_count()
+    status = 200 if p and d else 503
+    return web.json_response({"ready": status == 200, "prefill": p, "decode": d}, status=status)
+
+
+async def _metrics(request: web.Request) -> web.StreamResponse:
+    body = generate_latest(request.app[METRICS].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

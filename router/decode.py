@@ -1,0 +1,218 @@
+"""Calling D and answering the client: plain JSON, a buffered response re-emitted as SSE, or a
+passed-through stream.
+
+Whatever the mode, the router collects from D's answer what the next turn needs (D's retained
+params, D's prompt and output token ids, the assistant reply as the client will echo it) and
+removes from what the client sees the engine-internal params and the token ids it added itself.
+A failure before the client received a byte is raised as UpstreamError, so the flow can retry
+on another D; after that, a stream is ended with an in-band error event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from boomerang.router import protocol, sse
+from boomerang.router.upstream import UpstreamError
+
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
+
+
+class ClientGone(Exception):
+    """The client disconnected while the answer was being written."""
+
+
+@dataclass
+class DecodeResult:
+    """What D told the router about the sequence it generated."""
+
+    params: dict[str, Any] | None = None
+    prompt_ids: list[int] | None = None
+    output_ids: list[int] = field(default_factory=list)
+    reply: dict[str, Any] | None = None
+    finished: bool = False
+    response: web.StreamResponse | None = None
+
+    @property
+    def held_ids(self) -> list[int] | None:
+        """Prompt + output ids, of which D holds the first `remote_num_tokens`."""
+        if self.prompt_ids is None:
+            return None
+        return self.prompt_ids + self.output_ids
+
+
+def result_from_response(payload: dict[str, Any]) -> DecodeResult:
+    """Collect D's params, ids and reply from a complete response (before stripping)."""
+    result = DecodeResult(params=protocol.kv_params_of(payload))
+    result.prompt_ids = protocol.prompt_ids_of(payload)
+    result.output_ids = protocol.output_ids_of(payload) or []
+    choices = payload.get("choices") or []
+    if choices and isinstance(choices[0], dict):
+        message = choices[0].get("message")
+        if isinstance(message, dict):
+            result.reply = message
+        result.finished = choices[0].get("finish_reason") is not None
+    return result
+
+
+async def answer_json(
+    request: web.Request, payload: dict[str, Any], keep_ids: bool, on_first: Callable[[], None]
+) -> web.StreamResponse:
+    """Send a complete response as JSON."""
+    body = protocol.client_payload(payload, keep_token_ids=keep_ids)
+    response = web.json_response(body)
+    on_first()
+    await _send(request, response)
+    return response
+
+
+async def answer_buffered(
+    request: web.Request,
+    payload: dict[str, Any],
+    keep_ids: bool,
+    include_usage: bool,
+    on_first: Callable[[], None],
+) -> web.StreamResponse:
+    """Re-emit a complete response as a stream for a streaming client."""
+    body = protocol.client_payload(payload, keep_token_ids=keep_ids)
+    response = web.StreamResponse(headers=SSE_HEADERS)
+    try:
+        await response.prepare(request)
+        on_first()
+        for chunk in sse.chunks_from_response(body, include_usage):
+            await response.write(sse.event(chunk))
+        await response.write(sse.DONE_EVENT)
+        await response.write_eof()
+    except ConnectionResetError:
+        raise ClientGone() from None
+    return response
+
+
+async def _send(request: web.Request, response: web.StreamResponse) -> None:
+    try:
+        await response.prepare(request)
+        await response.write_eof()
+    except ConnectionResetError:
+        raise ClientGone() from None
+
+
+class StreamRelay:
+    """Passes D's stream through to the client, collecting what the next turn needs."""
+
+    def __init__(self, keep_ids: bool, on_first: Callable[[], None]) -> None:
+        self.keep_ids = keep_ids
+        self.on_first = on_first
+        self.result = DecodeResult()
+        self._parts: list[str] = []
+        self._calls: dict[int, dict[str, Any]] = {}
+
+    async def run(
+        self, request: web.Request, resp: aiohttp.ClientResponse, first_byte_s: float
+    ) -> DecodeResult:
+        """Relay until [DONE]; raises UpstreamError if D fails before the first event."""
+        events = sse.read_events(sse.split_lines(resp.content.iter_any()))
+        try:
+            first = await asyncio.wait_for(anext(events), first_byte_s)
+        except StopAsyncIteration:
+            raise UpstreamError("protocol", "empty stream") from None
+        except TimeoutError:
+            raise UpstreamError("timeout", "no first event in time") from None
+        except (aiohttp.ClientError, ValueError) as exc:
+            raise UpstreamError("protocol", f"stream failed: {exc!r}") from None
+        out = web.StreamResponse(headers=SSE_HEADERS)
+        self.result.response = out
+        try:
+            await out.prepare(request)
+            self.on_first()
+            await self._relay(out, first, events)
+        except ConnectionResetError:
+            raise ClientGone() from None
+        self._finish_reply()
+        return self.result
+
+    async def _relay(self, out: web.StreamResponse, first: Any, events: Any) -> None:
+        item: Any = first
+        try:
+            while item is not sse.DONE:
+                chunk = self._process(item)
+                if chunk is not None:
+                    await out.write(sse.event(chunk))
+                item = await anext(events, sse.DONE)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            await out.write(sse.error_event(f"decode engine failed mid-stream: {exc!r}", 502))
+            await out.write_eof()
+            self.result.finished = False
+            return
+        await out.write(sse.DONE_EVENT)
+        await out.write_eof()
+
+    def _process(self, chunk: Any) -> dict[str, Any] | None:
+        """Collect from one chunk; return what the client sees (None: nothing for it)."""
+        if not isinstance(chunk, dict):
+            return None
+        params = protocol.kv_params_of(chunk)
+        if params is not None:
+            self.result.params = params
+        if self.result.prompt_ids is None:
+            self.result.prompt_ids = protocol.prompt_ids_of(chunk)
+        choices = chunk.get("choices") or []
+        for choice in choices:
+            if isinstance(choice, dict) and choice.get("index", 0) == 0:
+                self._collect_choice(choice)
+        cleaned: dict[str, Any] = protocol.client_payload(chunk, keep_token_ids=self.keep_ids)
+        if params is not None and not choices and cleaned.get("usage") is None:
+            return None
+        return cleaned
+
+    def _collect_choice(self, choice: dict[str, Any]) -> None:
+        ids = choice.get("token_ids")
+        if isinstance(ids, list):
+            self.result.output_ids.extend(ids)
+        if choice.get("finish_reason") is not None:
+            self.result.finished = True
+        text = choice.get("text")
+        delta = choice.get("delta")
+        if isinstance(text, str):
+            self._parts.append(text)
+        if not isinstance(delta, dict):
+            return
+        if isinstance(delta.get("content"), str):
+            self._parts.append(delta["content"])
+        for call in delta.get("tool_calls") or ():
+            if isinstance(call, dict):
+                self._merge_call(call)
+
+    def _merge_call(self, call: dict[str, Any]) -> None:
+        slot = self._calls.setdefault(
+            int(call.get("index", 0)), {"type": "function", "function": {"arguments": ""}}
+        )
+        if call.get("id"):
+            slot["id"] = call["id"]
+        function = call.get("function") or {}
+        if function.get("name"):
+            slot["function"]["name"] = function["name"]
+        if isinstance(function.get("arguments"), str):
+            slot["function"]["arguments"] += function["arguments"]
+
+    def _finish_reply(self) -> None:
+        calls = [self._calls[i] for i in sorted(self._calls)]
+        self.result.reply = {
+            "role": "assistant",
+            "content": "".join(self._parts) if self._parts or not calls else None,
+            "tool_calls": calls or None,
+        }
+
+
+def elapsed(start: float) -> float:
+    """Seconds since `start` (perf_counter)."""
+    return time.perf_counter() - start

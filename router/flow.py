@@ -1,0 +1,407 @@
+"""One turn through P and D: claim a verified handle, prefill, decode, file D's new handle.
+
+The order of events is what keeps reuse correct:
+1. Take (atomically) the conversation's handle, if any. From here no concurrent turn can get it.
+2. Choose P, verify the handle against the new prompt's token ids (see `conversation.py`), and
+   attach it only if the ids extend D's exact sequence.
+3. Prefill. A handle P may have seen is spent (P's read, or its decision not to read, frees D's
+   blocks): it is never given to another engine. If P certainly never saw it (connection
+   refused), the retry on another P still carries it; otherwise the retry recomputes. A handle
+   that was not used and never reached an engine goes back to the store.
+4. Decode, preferring the D that holds the conversation. A D failure before the client got a
+   byte is retried on another D; P's params are reused only if the failed D certainly never
+   saw them, otherwise the turn is prefilled again (without a handle) for the new D.
+5. File D's retained params with the hash of D's tokens under the conversation's key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from boomerang.router import conversation as conv
+from boomerang.router import protocol
+from boomerang.router.capabilities import decode_mode, observe_stream
+from boomerang.router.config import RouterConfig
+from boomerang.router.decode import (
+    ClientGone,
+    DecodeResult,
+    StreamRelay,
+    answer_buffered,
+    answer_json,
+    result_from_response,
+)
+from boomerang.router.endpoints import Endpoint, Pool, Strategy
+from boomerang.router.errors import ApiError
+from boomerang.router.metrics import Metrics
+from boomerang.router.store import ConversationStore
+from boomerang.router.upstream import UpstreamError, open_stream, post_json, timeout
+from boomerang.router.validation import ClientRequest
+
+log = logging.getLogger("boomerang.router")
+PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+
+
+@dataclass
+class Turn:
+    """The state of one client request while it crosses P and D."""
+
+    req: ClientRequest
+    tenant: str
+    started: float = field(default_factory=time.perf_counter)
+    lookup_key: bytes | None = None
+    taken: conv.Handle | None = None
+    attached: conv.Handle | None = None
+    holder: str | None = None
+    outcome: str = "miss"
+    prompt_ids: list[int] | None = None
+    first_sent: bool = False
+
+    def spend_handle(self) -> None:
+        """P saw the attached handle: it must never be offered again."""
+        if self.attached is not None:
+            self.attached = None
+            self.taken = None
+            self.outcome = "fallback"
+
+
+@dataclass
+class Router:
+    """Everything a turn needs; one per app."""
+
+    config: RouterConfig
+    prefill: Pool
+    decode: Pool
+    strategy: Strategy
+    store: ConversationStore
+    metrics: Metrics
+    session: aiohttp.ClientSession
+
+    async def handle(self, request: web.Request, req: ClientRequest, tenant: str) -> Any:
+        """Serve one chat or completion request; returns the response already sent."""
+        turn = Turn(req, tenant)
+        try:
+            p_ep = self._pick_prefill(set())
+            await self._claim(turn, p_ep)
+            p_params, p_ep = await self._prefill(turn, p_ep)
+            return await self._decode(request, turn, p_params, p_ep)
+        finally:
+            await self._return_unused(turn)
+            self.metrics.reuse.labels(turn.outcome).inc()
+
+    # -- reuse ------------------------------------------------------------------------------
+
+    def _keys(self, turn: Turn) -> bytes | None:
+        req = turn.req
+        key: bytes | None = None
+        if req.conversation_id is not None:
+            key = conv.id_key(turn.tenant, req.conversation_id)
+        elif req.kind == "chat" and self.config.fingerprint_conversations:
+            history = conv.lookup_messages(req.body["messages"])
+            if history is not None:
+                key = conv.fingerprint_key(turn.tenant, req.model, history)
+        return key
+
+    async def _claim(self, turn: Turn, p_ep: Endpoint) -> None:
+        """Take the conversation's handle and attach it if it verifies."""
+        if not (self.config.bidirectional and turn.req.single_choice):
+            return
+        turn.lookup_key = self._keys(turn)
+        if turn.lookup_key is None:
+            return
+        try:
+            status, handle = await self.store.take(turn.lookup_key, time.time())
+        except Exception as exc:
+            self.metrics.store_errors.labels("take").inc()
+            log.warning("Store take failed", extra={"error": repr(exc)})
+            return
+        turn.outcome = "expired" if status == "expired" else "miss"
+        if handle is None:
+            return
+        turn.holder = handle.decode_url
+        if self.decode.get(handle.decode_url) is None:
+            turn.outcome = "fallback"
+            return
+        turn.taken = handle
+        await self._verify(turn, handle, p_ep)
+
+    async def _verify(self, turn: Turn, handle: conv.Handle, p_ep: Endpoint) -> None:
+        ids = protocol.known_prompt_ids(turn.req)
+        if ids is None:
+            ids = await self._tokenize(turn.req, p_ep)
+        if ids is None:
+            turn.outcome = "fallback"
+            return
+        turn.prompt_ids = ids
+        if handle.matches(ids):
+            turn.attached = handle
+            turn.outcome = "hit"
+        else:
+            turn.taken = None
+            turn.outcome = "rejected"
+
+    async def _tokenize(self, req: ClientRequest, p_ep: Endpoint) -> list[int] | None:
+        body = protocol.tokenize_request(req)
+        if body is None:
+            return None
+        t = self.config.timeouts
+        start = time.perf_counter()
+        try:
+            data = await post_json(
+                self.session, p_ep.url + "/tokenize", body, timeout(t.tokenize_s, t.connect_s)
+            )
+        except UpstreamError as exc:
+            log.warning("Tokenize failed", extra={"engine": p_ep.url, "error": str(exc)})
+            return None
+        self.metrics.tokenize_latency.observe(time.perf_counter() - start)
+        tokens = data.get("tokens")
+        if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens):
+            return tokens
+        return None
+
+    async def _return_unused(self, turn: Turn) -> None:
+        """A handle taken but never sent to an engine goes back to the store."""
+        if turn.taken is None or turn.lookup_key is None:
+            return
+        if turn.outcome == "hit":  # attached, but no P ever received it
+            turn.outcome = "fallback"
+        try:
+            await self.store.restore(turn.lookup_key, turn.taken, time.time())
+        except Exception:
+            self.metrics.store_errors.labels("restore").inc()
+
+    async def _file(self, turn: Turn, result: DecodeResult, d_ep: Endpoint) -> None:
+        """Store D's retained params for the next turn, keyed by the conversation."""
+        if not (self.config.bidirectional and turn.req.single_choice):
+            return
+        if not protocol.retained_by_decoder(result.params):
+            self.metrics.handles_skipped.labels("no_params").inc()
+            return
+        key = self._store_key(turn, result)
+        held = result.held_ids
+        if key is None or held is None or result.params is None:
+            self.metrics.handles_skipped.labels("no_key" if key is None else "no_ids").inc()
+            return
+        expires = time.time() + self.config.effective_handle_ttl_s
+        handle = conv.build_handle(result.params, held, d_ep.url, expires)
+        if handle is None:
+            self.metrics.handles_skipped.labels("short_ids").inc()
+            return
+        try:
+            await self.store.put(key, handle)
+        except Exception as exc:
+            self.metrics.store_errors.labels("put").inc()
+            log.warning("Store put failed", extra={"error": repr(exc)})
+            return
+        self.metrics.handles_stored.inc()
+
+    def _store_key(self, turn: Turn, result: DecodeResult) -> bytes | None:
+        req = turn.req
+        key: bytes | None = None
+        if req.conversation_id is not None:
+            key = conv.id_key(turn.tenant, req.conversation_id)
+        elif req.kind == "chat" and self.config.fingerprint_conversations and result.reply:
+            messages = [*req.body["messages"], conv.reply_message(result.reply)]
+            key = conv.fingerprint_key(turn.tenant, req.model, messages)
+        return key
+
+    # -- prefill ----------------------------------------------------------------------------
+
+    def _pick_prefill(self, tried: set[str]) -> Endpoint:
+        candidates = self.prefill.candidates(tried)
+        if not candidates:
+            raise ApiError(503, "no prefill engine is available", type_="service_unavailable")
+        return self.strategy.prefill(candidates)
+
+    def _work(self, turn: Turn) -> float:
+        if turn.prompt_ids is not None:
+            return float(len(turn.prompt_ids))
+        return len(str(turn.req.body.get("messages") or turn.req.body.get("prompt"))) / 4
+
+    async def _prefill(self, turn: Turn, p_ep: Endpoint) -> tuple[dict[str, Any], Endpoint]:
+        """Run P with retries; returns P's params and the engine that holds them."""
+        tried: set[str] = set()
+        last: UpstreamError | None = None
+        for attempt in range(1 + self.config.prefill_retries):
+            if attempt:
+                self.metrics.retries.labels("prefill").inc()
+                try:
+                    p_ep = self._pick_prefill(tried)
+                except ApiError:
+                    break
+            tried.add(p_ep.url)
+            try:
+                return await self._prefill_once(turn, p_ep), p_ep
+            except UpstreamError as exc:
+                last = exc
+                self._failed(self.prefill, p_ep, exc)
+                if exc.delivered:
+                    turn.spend_handle()
+                if not exc.retryable:
+                    raise _client_error(exc) from None
+        raise _unavailable("prefill", last)
+
+    async def _prefill_once(self, turn: Turn, p_ep: Endpoint) -> dict[str, Any]:
+        handle = turn.attached
+        body = protocol.prefill_request(turn.req.body, handle.kv_params() if handle else None)
+        t = self.config.timeouts
+        start = time.perf_counter()
+        with self.prefill.track(p_ep, self._work(turn)):
+            data = await post_json(
+                self.session,
+                p_ep.url + PATHS[turn.req.kind],
+                body,
+                timeout(t.prefill_s, t.connect_s),
+            )
+        self.metrics.prefill_latency.observe(time.perf_counter() - start)
+        self.prefill.succeeded(p_ep)
+        if handle is not None:
+            turn.taken = turn.attached = None  # consumed: P accepted it; the outcome stays hit
+            p_ids = protocol.prompt_ids_of(data)
+            if p_ids is not None and turn.prompt_ids is not None and p_ids != turn.prompt_ids:
+                self.metrics.prompt_mismatch.inc()
+                log.error("Prompt ids differ from tokenize", extra={"engine": p_ep.url})
+        params: dict[str, Any] | None = protocol.kv_params_of(data)
+        if params is None:
+            raise UpstreamError("protocol", "prefill answered without kv_transfer_params")
+        return params
+
+    # -- decode -----------------------------------------------------------------------------
+
+    async def _decode(
+        self, request: web.Request, turn: Turn, p_params: dict[str, Any], p_ep: Endpoint
+    ) -> web.StreamResponse:
+        tried: set[str] = set()
+        last: UpstreamError | None = None
+        for attempt in range(1 + self.config.decode_retries):
+            candidates = self.decode.candidates(tried)
+            if not candidates:
+                break
+            d_ep = self.strategy.decode(candidates, turn.holder)
+            tried.add(d_ep.url)
+            if attempt:
+                self.metrics.retries.labels("decode").inc()
+            try:
+                return await self._decode_once(request, turn, p_params, d_ep)
+            except UpstreamError as exc:
+                last = exc
+                self._failed(self.decode, d_ep, exc)
+                if not exc.retryable:
+                    raise _client_error(exc) from None
+                if exc.delivered:
+                    # D may have read (and so freed) P's blocks: prefill again for the next D.
+                    turn.spend_handle()
+                    p_params, _ = await self._prefill(turn, self._pick_prefill(set()))
+        raise _unavailable("decode", last)
+
+    async def _decode_once(
+        self, request: web.Request, turn: Turn, p_params: dict[str, Any], d_ep: Endpoint
+    ) -> web.StreamResponse:
+        mode = decode_mode(turn.req.stream, d_ep, self.config, time.time())
+        body = protocol.decode_request(turn.req.body, p_params, stream=mode == "stream")
+        start = time.perf_counter()
+        with self.decode.track(d_ep, 1.0):
+            if mode == "stream":
+                result = await self._decode_stream(request, turn, body, d_ep)
+            else:
+                result = await self._decode_complete(request, turn, body, d_ep, mode)
+        self.metrics.decode_latency.observe(time.perf_counter() - start)
+        self.decode.succeeded(d_ep)
+        if mode == "stream" and result.finished:
+            observe_stream(d_ep, result.params is not None, time.time())
+        if result.finished:
+            await self._file(turn, result, d_ep)
+        response: web.StreamResponse | None = result.response
+        assert response is not None
+        return response
+
+    def _on_first(self, turn: Turn) -> None:
+        if not turn.first_sent:
+            turn.first_sent = True
+            self.metrics.ttft.observe(time.perf_counter() - turn.started)
+
+    async def _decode_complete(
+        self, request: web.Request, turn: Turn, body: dict[str, Any], d_ep: Endpoint, mode: str
+    ) -> DecodeResult:
+        t = self.config.timeouts
+        url = d_ep.url + PATHS[turn.req.kind]
+        data = await post_json(self.session, url, body, timeout(t.decode_total_s, t.connect_s))
+        result = result_from_response(data)
+        keep, first = turn.req.wants_token_ids, lambda: self._on_first(turn)
+        if mode == "buffer":
+            result.response = await answer_buffered(
+                request, data, keep, turn.req.include_usage, first
+            )
+        else:
+            result.response = await answer_json(request, data, keep, first)
+        return result
+
+    async def _decode_stream(
+        self, request: web.Request, turn: Turn, body: dict[str, Any], d_ep: Endpoint
+    ) -> DecodeResult:
+        t = self.config.timeouts
+        resp = await open_stream(
+            self.session,
+            d_ep.url + PATHS[turn.req.kind],
+            body,
+            timeout(t.decode_total_s, t.connect_s),
+            t.decode_first_byte_s,
+        )
+        relay = StreamRelay(turn.req.wants_token_ids, lambda: self._on_first(turn))
+        try:
+            return await relay.run(request, resp, t.decode_first_byte_s)
+        except (ClientGone, asyncio.CancelledError):
+            resp.close()  # aborts the upstream request: vLLM stops generating
+            raise
+        finally:
+            resp.release()
+
+    def _failed(self, pool: Pool, ep: Endpoint, exc: UpstreamError) -> None:
+        if exc.retryable:
+            self.metrics.upstream_failures.labels(pool.role, exc.kind).inc()
+            if pool.failed(ep):
+                self.metrics.ejections.labels(pool.role).inc()
+                log.warning("Ejected engine", extra={"role": pool.role, "engine": ep.url})
+        log.warning(
+            "Engine call failed",
+            extra={"role": pool.role, "engine": ep.url, "kind": exc.kind, "error": str(exc)},
+        )
+
+
+def _client_error(exc: UpstreamError) -> ApiError:
+    """An engine's 4xx, passed on with its own message when it has one."""
+    message = "the engine rejected the request"
+    try:
+        data = protocol_error_message(exc.body)
+        message = data or message
+    except ValueError:
+        pass
+    return ApiError(exc.status or 400, message)
+
+
+def protocol_error_message(body: bytes | None) -> str | None:
+    """The `message` of an OpenAI-style error body, if there is one."""
+    if not body:
+        return None
+    data = json.loads(body)
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return str(err["message"])
+        if isinstance(data.get("message"), str):
+            return str(data["message"])
+    return None
+
+
+def _unavailable(stage: str, last: UpstreamError | None) -> ApiError:
+    detail = f": {last.kind}" if last is not None else ""
+    status = 504 if last is not None and last.kind == "timeout" else 502
+    if last is None:
+        status = 503
+    return ApiError(status, f"no {stage} engine could serve the request{detail}")

@@ -1,0 +1,94 @@
+"""A small P/D world for router tests: fake engines on loopback and the router in front."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from boomerang.router.app import create_app
+from boomerang.router.config import RouterConfig
+from boomerang.router.testing import EngineSpec, Fabric, FakeEngine
+
+
+@dataclass
+class World:
+    """Engines, the router client and the shared fake NIXL fabric."""
+
+    fabric: Fabric
+    prefill: list[EngineSpec]
+    decode: list[EngineSpec]
+    client: TestClient[Any, Any]
+    servers: list[TestServer] = field(default_factory=list)
+
+    async def metric(self, name: str, **labels: str) -> float:
+        """One sample of the router's /metrics (0 when absent)."""
+        text = await (await self.client.get("/metrics")).text()
+        want = name + (
+            "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}" if labels else ""
+        )
+        for line in text.splitlines():
+            if line.startswith(want + " "):
+                return float(line.split()[-1])
+        return 0.0
+
+    async def reuse(self, outcome: str) -> float:
+        return await self.metric("boomerang_router_reuse_total", outcome=outcome)
+
+
+WorldFactory = Callable[..., Any]
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[WorldFactory]:
+    """`await world(n_prefill=1, n_decode=1, **config_overrides, prefill_spec={}, ...)`."""
+    made: list[World] = []
+
+    async def make(
+        n_prefill: int = 1,
+        n_decode: int = 1,
+        prefill_spec: dict[str, Any] | None = None,
+        decode_spec: dict[str, Any] | None = None,
+        **config: Any,
+    ) -> World:
+        fabric = Fabric()
+        specs: dict[str, list[EngineSpec]] = {"prefill": [], "decode": []}
+        servers: list[TestServer] = []
+        urls: dict[str, list[str]] = {"prefill": [], "decode": []}
+        for role, n, extra in (
+            ("prefill", n_prefill, prefill_spec),
+            ("decode", n_decode, decode_spec),
+        ):
+            for i in range(n):
+                spec = EngineSpec(
+                    role=role, engine_id=f"{role[0]}{i}", fabric=fabric, **(extra or {})
+                )
+                server = TestServer(FakeEngine(spec).app(), host="127.0.0.1")
+                await server.start_server()
+                servers.append(server)
+                specs[role].append(spec)
+                urls[role].append(str(server.make_url("")).rstrip("/"))
+        cfg = {
+            "prefill": {"urls": urls["prefill"]},
+            "decode": {"urls": urls["decode"]},
+            "health": {"probe_interval_s": 0.2},
+            **config,
+        }
+        router = TestServer(
+            create_app(RouterConfig.model_validate(cfg)),
+            host="127.0.0.1",
+            handler_cancellation=True,
+        )
+        client: TestClient[Any, Any] = TestClient(router)
+        await client.start_server()
+        w = World(fabric, specs["prefill"], specs["decode"], client, servers)
+        made.append(w)
+        return w
+
+    yield make
+    for w in made:
+        await w.client.close()
+        for server in w.servers:
+            await server.close()
