@@ -42,8 +42,12 @@ lint: dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# mypy resolves `boomerang.*` through a tree of links that mirrors the installed package.
 types: dev
-	$(VENV)/bin/mypy operator router connector
+	@mkdir -p build/typecheck/boomerang
+	@for p in operator router connector; do ln -sfn ../../../$$p build/typecheck/boomerang/$$p; done
+	cd build/typecheck && MYPYPATH=. $(VENV)/bin/mypy --config-file ../../pyproject.toml \
+		-p boomerang.operator -p boomerang.router -p boomerang.connector
 
 unit: dev
 	$(PY) -m pytest -m 'not cluster and not engine' $(PYTEST_ARGS)

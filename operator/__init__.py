@@ -1,1 +1,1 @@
-"""The Boomerang operator: reconciles `DisaggregatedDeployment` into P/D StatefulSets and a router."""
+"""The Boomerang operator: reconciles `DisaggregatedDeployment` into engines and a router."""

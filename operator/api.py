@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
+from boomerang.router.config import default_handle_ttl
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -26,8 +27,6 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
-
-from boomerang.router.config import default_handle_ttl
 
 GROUP = "boomerang.dev"
 VERSION = "v1alpha1"
@@ -186,7 +185,7 @@ class RoleSpec(_Model):
     replicas: int = Field(1, description="Number of engine pods in this role.", ge=1)
     tensor_parallel_size: int = Field(1, description="Tensor parallel size per pod.", ge=1)
     resources: RoleResources = Field(
-        default_factory=RoleResources, description="Compute, GPUs, EFA, hugepages."
+        default_factory=lambda: RoleResources(), description="Compute, GPUs, EFA, hugepages."
     )
     node_selector: dict[str, str] = Field(
         default_factory=dict, description="Node labels the pods must match."
@@ -227,7 +226,7 @@ class KVTransferSpec(_Model):
     decoder_blocks_ttl: Duration = Field(
         "480s",
         alias="decoderBlocksTTL",
-        description="How long D pins a finished request's blocks for the next turn."
+        description="How long D pins a finished request's blocks for the next turn.",
     )
     lease_duration: Duration = Field(
         "30s", description="P's heartbeat-renewed lease on blocks D will pull."
@@ -278,9 +277,9 @@ class RouterSpec(_Model):
     replicas: int = Field(2, description="Router pods.", ge=1)
     image: str = Field("boomerang/router:0.1.0", description="Router image.", min_length=1)
     resources: ContainerResources = Field(
-        default_factory=ContainerResources, description="Router container resources."
+        default_factory=lambda: ContainerResources(), description="Router container resources."
     )
-    store: StoreSpec = Field(default_factory=StoreSpec, description="Conversation store.")
+    store: StoreSpec = Field(default_factory=lambda: StoreSpec(), description="Conversation store.")
     conversation_ttl: Duration | None = Field(
         None,
         alias="conversationTTL",
@@ -291,7 +290,7 @@ class RouterSpec(_Model):
         ),
     )
     service: RouterServiceSpec = Field(
-        default_factory=RouterServiceSpec, description="The router's Service."
+        default_factory=lambda: RouterServiceSpec(), description="The router's Service."
     )
     api_key_secret_ref: SecretKeyRef | None = Field(
         None, description="Secret key with API keys (one per line, optionally 'key tenant')."
@@ -314,15 +313,17 @@ class DisaggregatedDeploymentSpec(_Model):
     """Desired state: the model, the engine, two roles, KV transfer, the router, placement."""
 
     model: ModelSpec = Field(description="The served model.")
-    engine: EngineSpec = Field(default_factory=EngineSpec, description="The engine image.")
-    prefill: RoleSpec = Field(default_factory=RoleSpec, description="The prefill role.")
-    decode: RoleSpec = Field(default_factory=RoleSpec, description="The decode role.")
-    kv_transfer: KVTransferSpec = Field(
-        default_factory=KVTransferSpec, description="KV transfer between P and D."
+    engine: EngineSpec = Field(
+        default_factory=lambda: EngineSpec(), description="The engine image."
     )
-    router: RouterSpec = Field(default_factory=RouterSpec, description="The router.")
+    prefill: RoleSpec = Field(default_factory=lambda: RoleSpec(), description="The prefill role.")
+    decode: RoleSpec = Field(default_factory=lambda: RoleSpec(), description="The decode role.")
+    kv_transfer: KVTransferSpec = Field(
+        default_factory=lambda: KVTransferSpec(), description="KV transfer between P and D."
+    )
+    router: RouterSpec = Field(default_factory=lambda: RouterSpec(), description="The router.")
     placement: PlacementSpec = Field(
-        default_factory=PlacementSpec, description="Network placement of P and D."
+        default_factory=lambda: PlacementSpec(), description="Network placement of P and D."
     )
 
     @model_validator(mode="after")
@@ -347,7 +348,7 @@ class DisaggregatedDeploymentSpec(_Model):
     def router_ttl_seconds(self) -> float:
         if self.router.conversation_ttl is not None:
             return parse_duration(self.router.conversation_ttl)
-        return default_handle_ttl(parse_duration(self.kv_transfer.decoder_blocks_ttl))
+        return float(default_handle_ttl(parse_duration(self.kv_transfer.decoder_blocks_ttl)))
 
 
 @dataclass(frozen=True)
@@ -400,8 +401,9 @@ RULES: tuple[Rule, ...] = (
         cel="!self.kvTransfer.bidirectional || self.kvTransfer.connector == 'NixlConnector'",
         message="spec.kvTransfer.bidirectional requires spec.kvTransfer.connector NixlConnector",
         field_path=".kvTransfer.connector",
-        check=lambda s: not s.kv_transfer.bidirectional
-        or s.kv_transfer.connector == "NixlConnector",
+        check=lambda s: (
+            not s.kv_transfer.bidirectional or s.kv_transfer.connector == "NixlConnector"
+        ),
     ),
     Rule(
         cel="self.router.store.type != 'redis' || has(self.router.store.url) || "
@@ -409,9 +411,11 @@ RULES: tuple[Rule, ...] = (
         message="spec.router.store.url or spec.router.store.urlSecretRef is required when "
         "spec.router.store.type is redis",
         field_path=".router.store",
-        check=lambda s: s.router.store.type != "redis"
-        or s.router.store.url is not None
-        or s.router.store.url_secret_ref is not None,
+        check=lambda s: (
+            s.router.store.type != "redis"
+            or s.router.store.url is not None
+            or s.router.store.url_secret_ref is not None
+        ),
     ),
     Rule(
         cel="!(has(self.router.store.url) && has(self.router.store.urlSecretRef))",
@@ -428,8 +432,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         cel="self.prefill.resources.gpus == 0 || "
         "self.prefill.resources.gpus % self.prefill.tensorParallelSize == 0",
-        message="spec.prefill.resources.gpus must be a multiple of "
-        "spec.prefill.tensorParallelSize",
+        message="spec.prefill.resources.gpus must be a multiple of spec.prefill.tensorParallelSize",
         field_path=".prefill.resources.gpus",
         check=lambda s: s.prefill.resources.gpus % s.prefill.tensor_parallel_size == 0,
     ),
@@ -464,9 +467,13 @@ class EffectiveKVTransfer(_Model):
 
     bidirectional: bool = Field(description="D->P reuse enabled.")
     recompute_threshold: int = Field(description="Tokens below which P recomputes.")
-    decoder_blocks_ttl_seconds: int = Field(description="D's block retention in seconds.")
+    decoder_blocks_ttl_seconds: int = Field(
+        alias="decoderBlocksTTLSeconds", description="D's block retention in seconds."
+    )
     lease_duration_seconds: int = Field(description="P's lease in seconds.")
-    router_conversation_ttl_seconds: int = Field(description="Router's handle TTL in seconds.")
+    router_conversation_ttl_seconds: int = Field(
+        alias="routerConversationTTLSeconds", description="Router's handle TTL in seconds."
+    )
     backend: str = Field(description="NIXL backend in use.")
     load_failure_policy: str = Field(description="P's policy on failed KV reads.")
 
@@ -486,9 +493,13 @@ class DisaggregatedDeploymentStatus(_Model):
     """Observed state, written only by the operator."""
 
     observed_generation: int = Field(0, description="Last spec generation reconciled.")
-    prefill: RoleStatus = Field(default_factory=RoleStatus, description="Prefill replicas.")
-    decode: RoleStatus = Field(default_factory=RoleStatus, description="Decode replicas.")
-    router: RouterStatus = Field(default_factory=RouterStatus, description="Router state.")
+    prefill: RoleStatus = Field(
+        default_factory=lambda: RoleStatus(), description="Prefill replicas."
+    )
+    decode: RoleStatus = Field(default_factory=lambda: RoleStatus(), description="Decode replicas.")
+    router: RouterStatus = Field(
+        default_factory=lambda: RouterStatus(), description="Router state."
+    )
     kv_transfer: EffectiveKVTransfer | None = Field(
         None, description="Effective kv-transfer settings."
     )
@@ -498,7 +509,9 @@ class DisaggregatedDeploymentStatus(_Model):
     revision_skew: bool = Field(
         False, description="True while P and D run different engine revisions (mid-rollout)."
     )
-    conditions: list[Condition] = Field(default_factory=list, description="Ready, Progressing, Degraded.")
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Ready, Progressing, Degraded."
+    )
 
 
 class DisaggregatedDeployment(_Model):
@@ -508,11 +521,15 @@ class DisaggregatedDeployment(_Model):
         alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True
     )
 
-    api_version: Literal["boomerang.dev/v1alpha1"] = Field(API_VERSION, description="API version.")
-    kind: Literal["DisaggregatedDeployment"] = Field(KIND, description="Kind.")
+    api_version: Literal["boomerang.dev/v1alpha1"] = Field(
+        "boomerang.dev/v1alpha1", description="API version."
+    )
+    kind: Literal["DisaggregatedDeployment"] = Field("DisaggregatedDeployment", description="Kind.")
     metadata: FreeForm = Field(default_factory=dict, description="Standard object metadata.")
     spec: DisaggregatedDeploymentSpec = Field(description="Desired state.")
-    status: DisaggregatedDeploymentStatus | None = Field(None, description="Observed state.")
+    # Status is the operator's own output: it is read back as plain data, never re-validated,
+    # so a status written by an older operator version can never block a reconcile.
+    status: FreeForm | None = Field(None, description="Observed state.")
 
     @property
     def name(self) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-
+from pydantic import BaseModel
 from boomerang.operator import api
 
 CRD_NAME = f"{api.PLURAL}.{api.GROUP}"
@@ -68,15 +68,15 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
     if out.get("type") == "object" and "properties" in out:
         required = set(out.get("required", []))
         for name, prop in out["properties"].items():
-            if name not in required and prop.get("type") == "object" and "default" not in prop:
-                if "properties" in prop and not prop.get("required"):
-                    prop["default"] = {}
+            optional_object = name not in required and prop.get("type") == "object"
+            if optional_object and "properties" in prop and not prop.get("required"):
+                prop.setdefault("default", {})
     if "enum" in out and "type" not in out:
         out["type"] = "string"
     return out
 
 
-def openapi_schema(model: type[api.BaseModel]) -> dict[str, Any]:
+def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
     """The structural schema of one pydantic model."""
     raw = model.model_json_schema(by_alias=True, mode="validation")
     return dict(_structural(raw, raw.get("$defs", {})))
@@ -86,7 +86,12 @@ def crd() -> dict[str, Any]:
     """The full CustomResourceDefinition object."""
     spec = openapi_schema(api.DisaggregatedDeploymentSpec)
     spec["x-kubernetes-validations"] = [
-        {"rule": r.cel, "message": r.message, "fieldPath": r.field_path, "reason": "FieldValueInvalid"}
+        {
+            "rule": r.cel,
+            "message": r.message,
+            "fieldPath": r.field_path,
+            "reason": "FieldValueInvalid",
+        }
         for r in api.RULES
     ]
     status = openapi_schema(api.DisaggregatedDeploymentStatus)
@@ -143,7 +148,9 @@ def rendered() -> dict[str, str]:
     chart = (
         _HEADER
         + "{{- if .Values.crds.install }}\n"
-        + body.replace("  labels:\n", "  annotations:\n    helm.sh/resource-policy: keep\n  labels:\n", 1)
+        + body.replace(
+            "  labels:\n", "  annotations:\n    helm.sh/resource-policy: keep\n  labels:\n", 1
+        )
         + "{{- end }}\n"
     )
     return {f"crds/{CRD_FILE}": _HEADER + body, CHART_TEMPLATE: chart}

@@ -19,7 +19,7 @@ def deep_merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str,
         current = out.get(key)
         if isinstance(current, Mapping) and isinstance(value, Mapping):
             out[key] = deep_merge(current, value)
-        elif _named_list(current) and _named_list(value):
+        elif isinstance(current, list) and _named_list(current) and _named_list(value):
             out[key] = _merge_named(current, value)
         else:
             out[key] = copy.deepcopy(value)

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
-
 from boomerang.operator import render
 from boomerang.operator.api import DisaggregatedDeployment
 
@@ -100,9 +99,7 @@ def build_deployment(dd: DisaggregatedDeployment) -> dict[str, Any]:
                     {
                         "weight": 100,
                         "podAffinityTerm": {
-                            "labelSelector": {
-                                "matchLabels": render.selector_labels(dd, COMPONENT)
-                            },
+                            "labelSelector": {"matchLabels": render.selector_labels(dd, COMPONENT)},
                             "topologyKey": "kubernetes.io/hostname",
                         },
                     }
@@ -110,7 +107,10 @@ def build_deployment(dd: DisaggregatedDeployment) -> dict[str, Any]:
             }
         },
     }
-    template = {"metadata": {"labels": render.labels(dd, COMPONENT), "annotations": {}}, "spec": pod}
+    template = {
+        "metadata": {"labels": render.labels(dd, COMPONENT), "annotations": {}},
+        "spec": pod,
+    }
     config_hash = render.stable_hash([template, router_config_yaml(dd)])
     template["metadata"]["annotations"][render.ANNOTATION_CONFIG_HASH] = config_hash
     return {

@@ -1,0 +1,109 @@
+"""The kopf wiring: which events call the reconciler. Everything it calls is plain code.
+
+- the resource itself (create, update, resume) and a repair timer: full `reconcile()`;
+- its StatefulSets and Deployment changing (pods becoming ready, rollouts): `refresh_status()`;
+- any child deleted: full `reconcile()` of its owner, so drift is repaired at once.
+Progress and diff-base live in annotations, and handlers return nothing, so the status
+subresource holds only the fields the CRD declares.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import kopf
+from boomerang.operator import api, reconcile, render
+from boomerang.operator.kube import Kube
+
+log = logging.getLogger(__name__)
+REPAIR_INTERVAL_S = 60.0
+_CHILD_KINDS = [
+    ("apps", "v1", "statefulsets"),
+    ("apps", "v1", "deployments"),
+    ("", "v1", "services"),
+    ("", "v1", "configmaps"),
+    ("", "v1", "serviceaccounts"),
+    ("policy", "v1", "poddisruptionbudgets"),
+    ("networking.k8s.io", "v1", "networkpolicies"),
+    ("rbac.authorization.k8s.io", "v1", "roles"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+]
+_MANAGED = {"app.kubernetes.io/managed-by": render.MANAGER}
+_kube: Kube | None = None
+
+
+def kube() -> Kube:
+    global _kube
+    if _kube is None:
+        _kube = Kube()
+    return _kube
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _post(body: Mapping[str, Any], outcome: reconcile.Outcome) -> None:
+    for kind, reason, message in outcome.events:
+        post = kopf.warn if kind == "Warning" else kopf.info
+        post(body, reason=reason, message=message)  # type: ignore[arg-type]
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=api.GROUP)
+    settings.posting.level = logging.INFO
+    settings.watching.server_timeout = 300
+    settings.execution.max_workers = 8
+
+
+@kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL)
+@kopf.on.create(api.GROUP, api.VERSION, api.PLURAL)
+@kopf.on.update(api.GROUP, api.VERSION, api.PLURAL)
+@kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=REPAIR_INTERVAL_S, idle=10)
+def reconcile_resource(body: kopf.Body, **_: Any) -> None:
+    outcome = reconcile.reconcile(body, kube(), _now())
+    _post(body, outcome)
+
+
+def _owner(namespace: str, labels: Mapping[str, str]) -> dict[str, Any] | None:
+    name = labels.get(render.LABEL_DEPLOYMENT)
+    if not name:
+        return None
+    owner: dict[str, Any] | None = kube().get(api.API_VERSION, api.KIND, namespace, name)
+    return owner
+
+
+def on_workload_event(event: kopf.RawEvent, **_: Any) -> None:
+    obj = event["object"]
+    meta = obj.get("metadata", {})
+    owner = _owner(meta.get("namespace", ""), meta.get("labels") or {})
+    if owner is None or owner["metadata"].get("deletionTimestamp"):
+        return
+    if event["type"] == "DELETED":
+        outcome = reconcile.reconcile(owner, kube(), _now())
+    else:
+        outcome = reconcile.refresh_status(owner, kube(), _now())
+    _post(owner, outcome)
+
+
+def on_child_deleted(event: kopf.RawEvent, **_: Any) -> None:
+    if event["type"] != "DELETED":
+        return
+    meta = event["object"].get("metadata", {})
+    owner = _owner(meta.get("namespace", ""), meta.get("labels") or {})
+    if owner is not None and not owner["metadata"].get("deletionTimestamp"):
+        _post(owner, reconcile.reconcile(owner, kube(), _now()))
+
+
+def _register(group: str, version: str, plural: str, fn: Callable[..., None]) -> None:
+    kopf.on.event(group, version, plural, labels=_MANAGED)(fn)
+
+
+for _group, _version, _plural in _CHILD_KINDS:
+    workload = _plural in ("statefulsets", "deployments")
+    _register(_group, _version, _plural, on_workload_event if workload else on_child_deleted)

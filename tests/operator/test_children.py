@@ -1,0 +1,202 @@
+"""Child builders: golden output per sample, real Kubernetes schemas, and the behaviours
+users rely on (EFA, roll on change, coherent P/D rollout, escape hatch, isolation)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from boomerang.operator import render
+from boomerang.operator.children import desired_children
+from dd_testing import EXAMPLES, deployment
+
+GOLDEN = Path(__file__).parent / "golden"
+K8S_VERSION = "1.36.0"
+UID = "0b1e4f9a-0000-4000-8000-000000000001"
+
+
+def _children(name: str = "minimal", patch: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    return desired_children(deployment(name, patch, uid=UID))
+
+
+def _find(objs: list[dict[str, Any]], kind: str, name_suffix: str) -> dict[str, Any]:
+    return next(
+        o for o in objs if o["kind"] == kind and o["metadata"]["name"].endswith(name_suffix)
+    )
+
+
+def _engine(objs: list[dict[str, Any]], role: str) -> dict[str, Any]:
+    sts = _find(objs, "StatefulSet", f"-{role}")
+    container: dict[str, Any] = sts["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_children_match_golden(path: Path) -> None:
+    rendered = yaml.safe_dump_all(_children(path.stem), sort_keys=True)
+    golden = GOLDEN / f"{path.stem}.yaml"
+    if os.environ.get("BOOMERANG_UPDATE_GOLDEN"):
+        golden.write_text(rendered)
+    assert golden.read_text() == rendered, (
+        f"{golden.name} differs: review, then BOOMERANG_UPDATE_GOLDEN=1 pytest {__file__}"
+    )
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_every_child_validates_against_kubernetes_schemas(path: Path) -> None:
+    for obj in _children(path.stem):
+        kubernetes_validate.validate(json.loads(json.dumps(obj)), K8S_VERSION, strict=True)
+
+
+def test_every_child_is_owned_and_labelled() -> None:
+    for obj in _children():
+        meta = obj["metadata"]
+        assert meta["ownerReferences"][0]["uid"] == UID
+        assert meta["ownerReferences"][0]["controller"] is True
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == render.MANAGER
+        assert meta["labels"][render.LABEL_DEPLOYMENT] == "minimal"
+
+
+def test_efa_sets_libfabric_ipc_lock_devices_and_hugepages() -> None:
+    objs = _children("qwen3-32b-p5en-efa")
+    for role in ("prefill", "decode"):
+        engine = _engine(objs, role)
+        env = _env(engine)
+        assert env["FI_PROVIDER"] == "efa"
+        kv = json.loads(engine["args"][engine["args"].index("--kv-transfer-config") + 1])
+        assert kv["kv_connector_extra_config"]["backends"] == ["LIBFABRIC"]
+        assert engine["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+        limits = engine["resources"]["limits"]
+        assert limits["vpc.amazonaws.com/efa"] == 32
+        assert limits["nvidia.com/gpu"] == 8
+        assert limits["hugepages-2Mi"] == "5120Mi"
+        assert "--tensor-parallel-size" in engine["args"]
+
+
+def test_side_channel_host_comes_from_the_pod_ip_and_ports_differ() -> None:
+    objs = _children()
+    p, d = _engine(objs, "prefill"), _engine(objs, "decode")
+    assert _env(p)["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert _env(p)["VLLM_NIXL_SIDE_CHANNEL_PORT"] != _env(d)["VLLM_NIXL_SIDE_CHANNEL_PORT"]
+
+
+def test_kv_config_carries_ttl_threshold_and_roles() -> None:
+    objs = _children(
+        "minimal", {"kvTransfer": {"recomputeThreshold": 128, "decoderBlocksTTL": "10m"}}
+    )
+    for role, kv_role in (("prefill", "kv_producer"), ("decode", "kv_consumer")):
+        args = _engine(objs, role)["args"]
+        kv = json.loads(args[args.index("--kv-transfer-config") + 1])
+        assert kv["kv_role"] == kv_role
+        assert kv["kv_load_failure_policy"] == "recompute"
+        extra = kv["kv_connector_extra_config"]
+        assert extra["bidirectional_kv_xfer"] is True
+        assert extra["kv_recompute_threshold"] == 128
+        assert extra["decoder_kv_blocks_ttl"] == 600
+
+
+def _template_annotations(objs: list[dict[str, Any]], role: str) -> dict[str, str]:
+    kind = "Deployment" if role == "router" else "StatefulSet"
+    annotations: dict[str, str] = _find(objs, kind, f"-{role}")["spec"]["template"]["metadata"][
+        "annotations"
+    ]
+    return annotations
+
+
+def test_a_ttl_change_rolls_engines_and_router_via_the_config_hash() -> None:
+    before, after = _children(), _children("minimal", {"kvTransfer": {"decoderBlocksTTL": "600s"}})
+    for role in ("prefill", "decode", "router"):
+        old = _template_annotations(before, role)[render.ANNOTATION_CONFIG_HASH]
+        assert _template_annotations(after, role)[render.ANNOTATION_CONFIG_HASH] != old, role
+
+
+def test_an_image_change_rolls_both_roles_with_one_engine_revision() -> None:
+    before, after = (
+        _children(),
+        _children("minimal", {"engine": {"image": "boomerang/connector:0.2.0"}}),
+    )
+    revisions = set()
+    for role in ("prefill", "decode"):
+        old = _template_annotations(before, role)[render.ANNOTATION_ENGINE_REVISION]
+        new = _template_annotations(after, role)[render.ANNOTATION_ENGINE_REVISION]
+        assert old != new
+        revisions.add(new)
+    assert len(revisions) == 1
+
+
+def test_scaling_one_role_does_not_roll_the_other() -> None:
+    before, after = _children(), _children("minimal", {"decode": {"replicas": 3}})
+    assert _find(after, "StatefulSet", "-decode")["spec"]["replicas"] == 3
+    assert _find(before, "StatefulSet", "-prefill") == _find(after, "StatefulSet", "-prefill")
+    assert _template_annotations(before, "decode") == _template_annotations(after, "decode")
+
+
+def test_pod_template_override_merges_containers_by_name() -> None:
+    patch = {
+        "decode": {
+            "podTemplate": {
+                "spec": {
+                    "priorityClassName": "inference",
+                    "containers": [{"name": "engine", "env": [{"name": "EXTRA", "value": "1"}]}],
+                }
+            }
+        }
+    }
+    objs = _children("minimal", patch)
+    sts = _find(objs, "StatefulSet", "-decode")
+    assert sts["spec"]["template"]["spec"]["priorityClassName"] == "inference"
+    env = _env(_engine(objs, "decode"))
+    assert env["EXTRA"] == "1" and "VLLM_NIXL_SIDE_CHANNEL_PORT" in env
+
+
+def test_placement_keeps_p_and_d_in_one_topology_domain() -> None:
+    objs = _children("qwen3-32b-p5en-efa")
+    sts = _find(objs, "StatefulSet", "-decode")
+    terms = sts["spec"]["template"]["spec"]["affinity"]["podAffinity"]
+    term = terms["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert term["topologyKey"] == "topology.k8s.aws/network-node-layer-3"
+    assert term["labelSelector"]["matchLabels"][render.LABEL_ROLE] == "prefill"
+
+
+def test_router_config_discovers_both_roles_and_keeps_ttl_below_decoder() -> None:
+    objs = _children("qwen3-32b-p5en-efa")
+    config = yaml.safe_load(_find(objs, "ConfigMap", "-router")["data"]["router.yaml"])
+    assert config["prefill"]["kubernetes"]["service"] == "qwen3-32b-prefill"
+    assert config["decode"]["kubernetes"]["service"] == "qwen3-32b-decode"
+    assert config["handle_ttl_s"] < config["decoder_blocks_ttl_s"] - 5
+    assert config["store"]["kind"] == "redis"
+    router = _find(objs, "Deployment", "-router")["spec"]["template"]["spec"]["containers"][0]
+    assert _env(router)["BOOMERANG_REDIS_URL"] == {
+        "secretKeyRef": {"name": "boomerang-redis", "key": "url"}
+    }
+
+
+def test_router_can_only_read_endpointslices() -> None:
+    role = _find(_children(), "Role", "-router")
+    assert role["rules"] == [
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+         "verbs": ["get", "list", "watch"]}
+    ]  # fmt: skip
+
+
+def test_engines_accept_traffic_only_from_their_own_deployment() -> None:
+    policy = _find(_children(), "NetworkPolicy", "-engines")
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    peers = policy["spec"]["ingress"][0]["from"]
+    assert peers == [{"podSelector": {"matchLabels": {render.LABEL_DEPLOYMENT: "minimal"}}}]
+
+
+def test_each_role_and_the_router_has_a_disruption_budget() -> None:
+    pdbs = [o for o in _children() if o["kind"] == "PodDisruptionBudget"]
+    assert sorted(p["metadata"]["name"] for p in pdbs) == [
+        "minimal-decode", "minimal-prefill", "minimal-router"
+    ]  # fmt: skip

@@ -1,0 +1,103 @@
+"""Status: counts, the three conditions, no flapping, revision skew."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from boomerang.operator.status import compute_status, condition_changes
+from dd_testing import deployment
+
+T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z"
+
+
+def sts(
+    replicas: int, ready: int, updated: int | None = None, skewed: bool = False
+) -> dict[str, Any]:
+    return {
+        "kind": "StatefulSet",
+        "metadata": {"generation": 2},
+        "status": {
+            "observedGeneration": 2,
+            "readyReplicas": ready,
+            "updatedReplicas": replicas if updated is None else updated,
+            "currentRevision": "a",
+            "updateRevision": "b" if skewed else "a",
+        },
+        "spec": {"replicas": replicas},
+    }
+
+
+def deploy(replicas: int, ready: int) -> dict[str, Any]:
+    return {
+        "kind": "Deployment",
+        "metadata": {"generation": 1},
+        "status": {"observedGeneration": 1, "readyReplicas": ready, "updatedReplicas": replicas},
+    }
+
+
+def conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+
+
+def ready_world() -> dict[str, Any]:
+    return {"prefill": sts(1, 1), "decode": sts(1, 1), "router": deploy(2, 2)}
+
+
+def test_nothing_created_yet_is_progressing_not_ready() -> None:
+    status = compute_status(deployment(generation=1), {}, None, T0)
+    assert conditions(status)["Ready"] == ("False", "WaitingForReplicas")
+    assert conditions(status)["Progressing"][0] == "True"
+    assert conditions(status)["Degraded"] == ("False", "AsExpected")
+    assert status["observedGeneration"] == 1
+
+
+def test_all_replicas_ready_is_ready_and_stable() -> None:
+    status = compute_status(deployment(generation=2), ready_world(), None, T0)
+    assert conditions(status) == {
+        "Ready": ("True", "AllReplicasReady"),
+        "Progressing": ("False", "Stable"),
+        "Degraded": ("False", "AsExpected"),
+    }
+    assert status["prefill"] == {"desired": 1, "ready": 1, "updated": 1}
+    assert status["router"]["url"] == "http://minimal-router.default.svc:80/v1"
+    assert status["kvTransfer"]["decoderBlocksTTLSeconds"] == 480
+    assert status["kvTransfer"]["backend"] == "UCX"
+
+
+def test_recomputing_an_unchanged_world_changes_nothing() -> None:
+    dd = deployment(generation=2)
+    first = compute_status(dd, ready_world(), None, T0)
+    again = compute_status(dd, ready_world(), first, T1)
+    assert again == first
+    assert condition_changes(first, again) == []
+
+
+def test_transition_time_moves_only_when_status_changes() -> None:
+    dd = deployment(generation=2)
+    first = compute_status(dd, {}, None, T0)
+    second = compute_status(dd, ready_world(), first, T1)
+    times = {c["type"]: c["lastTransitionTime"] for c in second["conditions"]}
+    assert times == {"Ready": T1, "Progressing": T1, "Degraded": T0}
+
+
+def test_losing_replicas_after_ready_is_degraded() -> None:
+    dd = deployment(generation=2)
+    ready = compute_status(dd, ready_world(), None, T0)
+    world = {**ready_world(), "decode": sts(1, 0)}
+    status = compute_status(dd, world, ready, T1)
+    assert conditions(status)["Degraded"] == ("True", "ReplicasUnavailable")
+    assert conditions(status)["Ready"][0] == "False"
+
+
+def test_half_rolled_role_reports_revision_skew() -> None:
+    dd = deployment("minimal", {"decode": {"replicas": 2}}, generation=2)
+    world = {**ready_world(), "decode": sts(2, 2, updated=1, skewed=True)}
+    status = compute_status(dd, world, None, T0)
+    assert status["revisionSkew"] is True
+    assert conditions(status)["Progressing"] == ("True", "RevisionSkew")
+
+
+def test_reconcile_error_is_degraded_with_its_message() -> None:
+    status = compute_status(deployment(generation=2), ready_world(), None, T0, error="quota")
+    assert conditions(status)["Degraded"] == ("True", "ReconcileFailed")
+    assert "quota" in next(c["message"] for c in status["conditions"] if c["type"] == "Degraded")
