@@ -12,6 +12,7 @@ import logging
 import sys
 
 import kopf
+
 from boomerang.operator import handlers
 
 

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from boomerang.router.config import default_handle_ttl
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -27,6 +26,8 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+
+from boomerang.router.config import default_handle_ttl
 
 GROUP = "boomerang.dev"
 VERSION = "v1alpha1"

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel
+
 from boomerang.operator import api
 
 CRD_NAME = f"{api.PLURAL}.{api.GROUP}"

@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
+
 from boomerang.operator import api, reconcile, render
 from boomerang.operator.kube import Kube
 

@@ -12,10 +12,11 @@ import json
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from boomerang.operator import api
-from boomerang.operator.render import MANAGER
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+
+from boomerang.operator import api
+from boomerang.operator.render import MANAGER
 
 REQUEST_TIMEOUT_S = 30
 

@@ -14,13 +14,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from boomerang.connector.config import ROLES
 from boomerang.operator import render
 from boomerang.operator.api import DisaggregatedDeployment
 from boomerang.operator.children import desired_children
 from boomerang.operator.kube import KubeAPI, KubeError
 from boomerang.operator.status import compute_status, condition_changes
-from pydantic import ValidationError
 
 log = logging.getLogger(__name__)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
+
 from boomerang.operator import render
 from boomerang.operator.api import DisaggregatedDeployment
 

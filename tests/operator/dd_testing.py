@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from boomerang.operator.api import DisaggregatedDeployment
 from boomerang.operator.merge import deep_merge
 

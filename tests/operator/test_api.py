@@ -5,14 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from dd_testing import EXAMPLES, INVALID, deployment, manifest
+from pydantic import ValidationError
+
 from boomerang.operator.api import (
     RULES,
     DisaggregatedDeployment,
     format_duration,
     parse_duration,
 )
-from dd_testing import EXAMPLES, INVALID, deployment, manifest
-from pydantic import ValidationError
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)

@@ -11,9 +11,10 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
+from dd_testing import EXAMPLES, deployment
+
 from boomerang.operator import render
 from boomerang.operator.children import desired_children
-from dd_testing import EXAMPLES, deployment
 
 GOLDEN = Path(__file__).parent / "golden"
 K8S_VERSION = "1.36.0"

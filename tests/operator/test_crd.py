@@ -6,8 +6,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from boomerang.operator import crdgen
 from dd_testing import ROOT
+
+from boomerang.operator import crdgen
 
 
 @pytest.mark.parametrize("rel", sorted(crdgen.rendered(ROOT)))

@@ -6,9 +6,10 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from dd_testing import manifest
+
 from boomerang.operator.kube import KubeError
 from boomerang.operator.reconcile import reconcile, refresh_status
-from dd_testing import manifest
 
 NOW = "2026-01-01T00:00:00Z"
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from boomerang.operator.status import compute_status, condition_changes
 from dd_testing import deployment
+
+from boomerang.operator.status import compute_status, condition_changes
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z"
 
