@@ -57,7 +57,8 @@ def _post(body: Mapping[str, Any], outcome: reconcile.Outcome) -> None:
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=api.GROUP)
-    settings.posting.level = logging.INFO
+    # Only warnings from kopf itself become events; our own events are posted explicitly.
+    settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.execution.max_workers = 8
 
