@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
-from boomerang.router.config import RouterConfig
 from pydantic import ValidationError
+
+from boomerang.router.config import RouterConfig
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

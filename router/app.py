@@ -17,6 +17,8 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
 from boomerang.router import auth, logs
 from boomerang.router.config import EndpointSource, RouterConfig
 from boomerang.router.decode import ClientGone
@@ -29,7 +31,6 @@ from boomerang.router.metrics import Metrics
 from boomerang.router.store import ConversationStore, MemoryStore
 from boomerang.router.upstream import UpstreamError, get_json, timeout
 from boomerang.router.validation import Kind, check_model, parse_json, validate
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 log = logging.getLogger("boomerang.router")
 

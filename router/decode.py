@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+
 from boomerang.router import protocol, sse
 from boomerang.router.upstream import UpstreamError
 

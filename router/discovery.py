@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+
 from boomerang.router.config import KubernetesSource
 from boomerang.router.sse import split_lines
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+
 from boomerang.router import conversation as conv
 from boomerang.router import protocol
 from boomerang.router.capabilities import decode_mode, observe_stream
@@ -59,6 +60,8 @@ class Turn:
     taken: conv.Handle | None = None
     attached: conv.Handle | None = None
     holder: str | None = None
+    p_ep: Any = None
+    """The prefill engine chosen for the turn (tokenize and prefill go to the same one)."""
     outcome: str = "miss"
     prompt_ids: list[int] | None = None
     first_sent: bool = False
@@ -87,9 +90,9 @@ class Router:
         """Serve one chat or completion request; returns the response already sent."""
         turn = Turn(req, tenant)
         try:
-            p_ep = self._pick_prefill(set())
-            await self._claim(turn, p_ep)
-            p_params, p_ep = await self._prefill(turn, p_ep)
+            turn.p_ep = self._pick_prefill(set())
+            await self._claim(turn)
+            p_params, p_ep = await self._prefill(turn, turn.p_ep)
             return await self._decode(request, turn, p_params, p_ep)
         finally:
             await self._return_unused(turn)
@@ -108,7 +111,7 @@ class Router:
                 key = conv.fingerprint_key(turn.tenant, req.model, history)
         return key
 
-    async def _claim(self, turn: Turn, p_ep: Endpoint) -> None:
+    async def _claim(self, turn: Turn) -> None:
         """Take the conversation's handle and attach it if it verifies."""
         if not (self.config.bidirectional and turn.req.single_choice):
             return
@@ -129,12 +132,12 @@ class Router:
             turn.outcome = "fallback"
             return
         turn.taken = handle
-        await self._verify(turn, handle, p_ep)
+        await self._verify(turn, handle)
 
-    async def _verify(self, turn: Turn, handle: conv.Handle, p_ep: Endpoint) -> None:
+    async def _verify(self, turn: Turn, handle: conv.Handle) -> None:
         ids = protocol.known_prompt_ids(turn.req)
         if ids is None:
-            ids = await self._tokenize(turn.req, p_ep)
+            ids = await self._tokenize(turn)
         if ids is None:
             turn.outcome = "fallback"
             return
@@ -146,23 +149,30 @@ class Router:
             turn.taken = None
             turn.outcome = "rejected"
 
-    async def _tokenize(self, req: ClientRequest, p_ep: Endpoint) -> list[int] | None:
-        body = protocol.tokenize_request(req)
+    async def _tokenize(self, turn: Turn) -> list[int] | None:
+        """The new prompt's ids from a prefill engine; a failing engine is replaced for the turn."""
+        body = protocol.tokenize_request(turn.req)
         if body is None:
             return None
         t = self.config.timeouts
-        start = time.perf_counter()
-        try:
-            data = await post_json(
-                self.session, p_ep.url + "/tokenize", body, timeout(t.tokenize_s, t.connect_s)
-            )
-        except UpstreamError as exc:
-            log.warning("Tokenize failed", extra={"engine": p_ep.url, "error": str(exc)})
-            return None
-        self.metrics.tokenize_latency.observe(time.perf_counter() - start)
-        tokens = data.get("tokens")
-        if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens):
-            return tokens
+        tried: set[str] = set()
+        for _ in range(1 + self.config.prefill_retries):
+            p_ep = turn.p_ep
+            tried.add(p_ep.url)
+            start = time.perf_counter()
+            try:
+                data = await post_json(
+                    self.session, p_ep.url + "/tokenize", body, timeout(t.tokenize_s, t.connect_s)
+                )
+            except UpstreamError as exc:
+                self._failed(self.prefill, p_ep, exc)
+                candidates = self.prefill.candidates(tried)
+                if not exc.retryable or not candidates:
+                    return None
+                turn.p_ep = self.strategy.prefill(candidates)
+                continue
+            self.metrics.tokenize_latency.observe(time.perf_counter() - start)
+            return _token_list(data.get("tokens"))
         return None
 
     async def _return_unused(self, turn: Turn) -> None:
@@ -372,6 +382,12 @@ class Router:
             "Engine call failed",
             extra={"role": pool.role, "engine": ep.url, "kind": exc.kind, "error": str(exc)},
         )
+
+
+def _token_list(value: Any) -> list[int] | None:
+    if isinstance(value, list) and all(isinstance(t, int) for t in value):
+        return value
+    return None
 
 
 def _client_error(exc: UpstreamError) -> ApiError:

@@ -11,6 +11,7 @@ import asyncio
 import logging
 
 import aiohttp
+
 from boomerang.router.config import RouterConfig
 from boomerang.router.endpoints import Endpoint, Pool
 from boomerang.router.metrics import Metrics

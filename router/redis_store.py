@@ -13,6 +13,7 @@ import math
 import time
 
 import redis.asyncio as aioredis
+
 from boomerang.router.conversation import Handle
 from boomerang.router.store import EXPIRED_GRACE_S, TakeStatus
 
