@@ -1,0 +1,99 @@
+"""The operator as a local process that authenticates as the chart's ServiceAccount.
+
+In a real cluster the operator pod gets the ServiceAccount token the chart creates, and every
+call it makes is checked against the ClusterRole the chart grants. Here the operator runs on the
+host (kwok pods run no processes), but with a kubeconfig holding a TokenRequest token for that
+same ServiceAccount, so RBAC is enforced exactly as in the pod: a missing permission shows up as
+a 403 in its log and a resource that never gets Ready.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+FORBIDDEN_MARKERS = ("Forbidden", "forbidden:", " 403 ")
+
+
+@dataclass
+class OperatorProcess:
+    kubeconfig: Path
+    log: Path
+    args: tuple[str, ...] = ("--all-namespaces",)
+    popen: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+    _log_offset: int = field(default=0, repr=False)
+
+    def start(self) -> None:
+        env = dict(os.environ)
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        env["PYTHONSAFEPATH"] = "1"  # never let a cwd `operator/` shadow the stdlib
+        env["PYTHONUNBUFFERED"] = "1"
+        with self.log.open("ab") as out:
+            out.write(f"\n=== start #{self.starts + 1} ===\n".encode())
+            out.flush()
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "boomerang.operator", *self.args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.log.parent,
+                env=env,
+                start_new_session=True,
+            )
+        self.starts += 1
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, grace: float = 20.0) -> None:
+        if self.popen is None:
+            return
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+            try:
+                self.popen.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        self.popen = None
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, as when a node dies or the OOM killer strikes."""
+        self.stop(signal.SIGKILL)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def rss_mib(self) -> float:
+        """Resident memory of the operator process (VmRSS), in MiB."""
+        if not self.alive() or self.popen is None:
+            return 0.0
+        status = Path(f"/proc/{self.popen.pid}/status").read_text()
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def mark(self) -> int:
+        """A position in the log; `log_since(mark)` returns what was written after it."""
+        return len(self.log_text())
+
+    def log_since(self, mark: int) -> str:
+        return self.log_text()[mark:]
+
+    def forbidden_lines(self, mark: int = 0) -> list[str]:
+        """Log lines that report an RBAC denial (the chart granted too little)."""
+        return [
+            line
+            for line in self.log_since(mark).splitlines()
+            if any(marker in line for marker in FORBIDDEN_MARKERS)
+        ]

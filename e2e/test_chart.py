@@ -1,0 +1,63 @@
+"""The Helm chart installs on a real API server and publishes a documented, working CRD."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from cluster import Cluster
+from kube import is_true, wait_until
+from suite import DD, RELEASE, SERVICE_ACCOUNT
+
+from boomerang.operator import api
+
+pytestmark = pytest.mark.cluster
+
+
+def test_helm_install_is_deployed_with_the_operator_identity(cluster: Cluster, chart: str) -> None:
+    status = json.loads(cluster.helm("status", RELEASE, "-n", chart, "-o", "json").stdout)
+    assert status["info"]["status"] == "deployed"
+    cluster.get_json("serviceaccount", SERVICE_ACCOUNT, "-n", chart)
+    bindings = cluster.get_json("clusterrolebindings")["items"]
+    subjects = [s for b in bindings for s in b.get("subjects") or []]
+    assert {"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": chart} in subjects
+
+
+def test_crd_is_established_with_its_short_name(cluster: Cluster, chart: str) -> None:
+    def established() -> dict[str, Any] | None:
+        crd = cluster.get_json("crd", DD)
+        return crd if is_true(crd, "Established") else None
+
+    crd = wait_until("the CRD to be Established", established, timeout=30)
+    assert is_true(crd, "NamesAccepted")
+    assert crd["spec"]["names"]["kind"] == api.KIND
+    assert "dd" in crd["spec"]["names"]["shortNames"]
+    served = [v["name"] for v in crd["spec"]["versions"] if v["served"]]
+    assert served == [api.VERSION]
+    # The short name resolves through discovery, the way users type it.
+    assert cluster.kubectl("get", "dd", "-A").returncode == 0
+
+
+def _words(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+@pytest.mark.parametrize(
+    ("path", "model", "field"),
+    [
+        ("spec.kvTransfer.decoderBlocksTTL", api.KVTransferSpec, "decoder_blocks_ttl"),
+        ("spec.kvTransfer.recomputeThreshold", api.KVTransferSpec, "recompute_threshold"),
+        ("spec.prefill.resources.efa", api.RoleResources, "efa"),
+        ("spec.model.source", api.ModelSpec, "source"),
+        ("spec.router.store", api.RouterSpec, "store"),
+    ],
+)
+def test_kubectl_explain_shows_the_api_field_descriptions(
+    cluster: Cluster, chart: str, path: str, model: type, field: str
+) -> None:
+    description = model.model_fields[field].description
+    assert description
+    out = cluster.kubectl("explain", f"dd.{path}").stdout
+    assert _words(description) in _words(out), out
