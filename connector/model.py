@@ -1,0 +1,198 @@
+"""Deterministic local models, so the whole stack runs without any model hub.
+
+`builtin://tiny` and `builtin://small` name Llama-architecture models whose tokenizer is trained
+here on generated text and whose weights are drawn from a fixed seed. Building twice gives
+identical files, so P, D and a reference engine that each build (or find) the model in the cache
+serve exactly the same weights, and caches keyed by the build version never go stale.
+
+The weights are random: the models produce gibberish, but real gibberish computed by a real
+engine with real KV caches, which is all P/D transfer and its correctness tests need. `small` is
+large enough (116M parameters) for recompute costs to show in the TTFT benchmark.
+
+Run as `python -m boomerang.connector.model tiny` (in the engine venv) to build into the cache
+and print the path. Needs `tokenizers`, `transformers` and `torch` (the engine venv has them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+BUILD_VERSION = 1
+"""Bump when anything below changes what gets built: it is part of the cache path."""
+SEED = 20261129
+VOCAB_SIZE = 8192
+MAX_POSITIONS = 16384
+BOS, EOS, PAD = "<|bos|>", "<|eot|>", "<|pad|>"
+USER, ASSISTANT, SYSTEM = "<|user|>", "<|assistant|>", "<|system|>"
+SPECIAL_TOKENS = [PAD, BOS, EOS, USER, ASSISTANT, SYSTEM]
+
+# One turn per message: role marker, content, end-of-turn; the generation prompt opens an
+# assistant turn. Content is not stripped, so text the client sent is exactly what is tokenised.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + '<|eot|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The architecture of one builtin model (Llama, grouped-query attention)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+
+
+SPECS: dict[str, ModelSpec] = {
+    "tiny": ModelSpec(256, 512, 4, 4, 2, 64),
+    "small": ModelSpec(768, 2048, 12, 12, 4, 64),
+}
+
+
+def cache_root(env: dict[str, str] | None = None) -> Path:
+    """Boomerang's cache directory (`$BOOMERANG_CACHE`, default `~/.cache/boomerang`)."""
+    env = dict(os.environ) if env is None else env
+    default = str(Path(env.get("HOME", str(Path.home()))) / ".cache" / "boomerang")
+    return Path(env.get("BOOMERANG_CACHE") or default)
+
+
+def model_dir(name: str, env: dict[str, str] | None = None) -> Path:
+    """Where the builtin model `name` lives once built (pure: nothing is created)."""
+    if name not in SPECS:
+        raise ValueError(f"unknown builtin model {name!r}; known: {sorted(SPECS)}")
+    return cache_root(env) / "models" / f"{name}-v{BUILD_VERSION}"
+
+
+def corpus(seed: int = SEED, lines: int = 4000) -> Iterator[str]:
+    """Generated training text: pseudo-words from a fixed syllable set, plus digits and
+    punctuation, so common English-like fragments and numbers get their own merges."""
+    rng = random.Random(seed)
+    syllables = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"] + ["the", "and", "ing"]
+    words = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))) for _ in range(3000)]
+    words += ["hello", "world", "user", "assistant", "please", "thanks", "what", "why", "how"]
+    for _ in range(lines):
+        n = rng.randint(5, 25)
+        parts = [
+            rng.choice(words) if rng.random() > 0.1 else str(rng.randint(0, 999)) for _ in range(n)
+        ]
+        yield " ".join(parts) + rng.choice([".", "?", "!", ",", ":"])
+
+
+def train_tokenizer(out: Path) -> None:
+    """Train a byte-level BPE tokenizer and save it as a transformers fast tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        additional_special_tokens=[USER, ASSISTANT, SYSTEM],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(out))
+
+
+def llama_config(spec: ModelSpec) -> dict[str, object]:
+    """The model's `config.json` content (a plain dict: pure and comparable in tests)."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": VOCAB_SIZE,
+        "max_position_embeddings": MAX_POSITIONS,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "bos_token_id": SPECIAL_TOKENS.index(BOS),
+        "eos_token_id": SPECIAL_TOKENS.index(EOS),
+        "pad_token_id": SPECIAL_TOKENS.index(PAD),
+        "torch_dtype": "bfloat16",
+        **asdict(spec),
+    }
+
+
+def write_weights(out: Path, spec: ModelSpec) -> None:
+    """Random weights from a fixed seed, saved in bf16 as safetensors."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**llama_config(spec))
+    torch.manual_seed(SEED)
+    with torch.no_grad():
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(str(out), safe_serialization=True)
+    # save_pretrained rewrites config.json with library-version fields: write ours back so the
+    # files depend only on this module.
+    (out / "config.json").write_text(json.dumps(llama_config(spec), indent=2, sort_keys=True))
+    gen = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+    (out / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True))
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def ensure_model(name: str, env: dict[str, str] | None = None) -> Path:
+    """Build the builtin model `name` into the cache unless it is there; returns its folder.
+
+    Safe when P and D start at once: one builds under a file lock into a temporary folder that
+    is renamed into place, so nobody ever loads a half-written model."""
+    final = model_dir(name, env)
+    if (final / "config.json").exists():
+        return final
+    with _locked(final.parent / f".{final.name}.lock"):
+        if (final / "config.json").exists():
+            return final
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+        try:
+            train_tokenizer(tmp)
+            write_weights(tmp, SPECS[name])
+            tmp.rename(final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Build a deterministic builtin model.")
+    parser.add_argument("name", choices=sorted(SPECS))
+    args = parser.parse_args(argv)
+    print(ensure_model(args.name))
+
+
+if __name__ == "__main__":
+    main()

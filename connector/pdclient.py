@@ -1,0 +1,137 @@
+"""Driving a P/D pair directly, without the router: the reference the router is measured by.
+
+The benchmark compares TTFT through the router with TTFT of this direct flow (the router must
+keep at least 90% of the gain), and the data-plane tests use it as a second, independent
+implementation of the protocol. Prompts are token ids (`/v1/completions` with a list of ids),
+so turn N+1's prompt is exactly turn N's prompt + output + new tokens: no re-tokenisation.
+
+The flow (vllm-pd-protocol.md): P computes the prompt (pulling D's retained blocks when given
+a handle) and answers with one token and its own params; D pulls P's blocks, generates, and
+answers with the handle for the next turn.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+_BY_SOURCE = ("vllm:prompt_tokens_by_source", "vllm:prompt_tokens_by_source_total")
+FRESH = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+
+
+@dataclass
+class Turn:
+    """One generated turn: D's tokens and logprobs, timings, and the handle for the next turn."""
+
+    prompt: list[int]
+    tokens: list[int]
+    logprobs: list[float]
+    ttft_s: float
+    prefill_s: float
+    handle: dict[str, Any] | None = None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+def post(url: str, body: dict[str, Any], timeout: float = 300.0) -> dict[str, Any]:
+    req = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        data: dict[str, Any] = json.loads(resp.read())
+    return data
+
+
+def stream_events(url: str, body: dict[str, Any], timeout: float = 300.0) -> Any:
+    """Yield (arrival time, JSON) per SSE data event."""
+    req = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        for raw in resp:
+            line = raw.decode().strip()
+            if line.startswith("data: ") and line != "data: [DONE]":
+                yield time.perf_counter(), json.loads(line[6:])
+
+
+def next_handle(d_params: dict[str, Any] | None) -> dict[str, Any] | None:
+    """D's returned params, as P must receive them on the next turn."""
+    if not d_params or not d_params.get("remote_block_ids"):
+        return None
+    return {**d_params, "do_remote_decode": True, "do_remote_prefill": False}
+
+
+def completion_body(model: str, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "logprobs": 1,
+        "return_token_ids": True,
+        "ignore_eos": True,
+    }
+
+
+def pd_turn(
+    p_url: str,
+    d_url: str,
+    model: str,
+    prompt: list[int],
+    handle: dict[str, Any] | None,
+    max_tokens: int = 8,
+) -> Turn:
+    """One turn through P then D (D streamed, so TTFT is the first token's arrival)."""
+    start = time.perf_counter()
+    p_body = {**completion_body(model, prompt, 1), "stream": False}
+    p_body["kv_transfer_params"] = handle or dict(FRESH)
+    p_resp = post(f"{p_url}/v1/completions", p_body)
+    prefill_s = time.perf_counter() - start
+    d_body = {**completion_body(model, prompt, max_tokens), "stream": True}
+    d_body["kv_transfer_params"] = p_resp["kv_transfer_params"]
+    return _collect(f"{d_url}/v1/completions", d_body, prompt, start, prefill_s)
+
+
+def single_turn(url: str, model: str, prompt: list[int], max_tokens: int = 8) -> Turn:
+    """The same prompt on one engine with no transfer at all: the correctness reference."""
+    start = time.perf_counter()
+    body = {**completion_body(model, prompt, max_tokens), "stream": True}
+    return _collect(f"{url}/v1/completions", body, prompt, start, 0.0)
+
+
+def _collect(url: str, body: dict[str, Any], prompt: list[int], start: float, pre: float) -> Turn:
+    turn = Turn(prompt=prompt, tokens=[], logprobs=[], ttft_s=0.0, prefill_s=pre)
+    for arrived, chunk in stream_events(url, body):
+        for choice in chunk.get("choices", []):
+            ids = choice.get("token_ids") or []
+            if ids and not turn.tokens:
+                turn.ttft_s = arrived - start
+            turn.tokens += ids
+            turn.logprobs += list((choice.get("logprobs") or {}).get("token_logprobs") or [])
+        if chunk.get("kv_transfer_params"):
+            turn.handle = next_handle(chunk["kv_transfer_params"])
+    return turn
+
+
+def scrape(url: str) -> str:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
+        return str(resp.read().decode())
+
+
+def external_tokens(metrics_text: str) -> float:
+    """P's `prompt_tokens_by_source{source="external_kv_transfer"}` total."""
+    total = 0.0
+    for line in metrics_text.splitlines():
+        name = line.split("{", 1)[0]
+        if name in _BY_SOURCE and "external_kv_transfer" in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total

@@ -1,0 +1,141 @@
+"""A vLLM general plugin: put the decoder's `kv_transfer_params` on the final streamed chunk.
+
+Why: with bidirectional KV transfer, D's response carries the handle the next turn needs
+(`kv_transfer_params`: D's block ids, engine id, expiry). vLLM >= 0.33 puts it on the final
+chunk of a stream; 0.21-0.32 only on non-streaming responses, which would force the router to
+call D without streaming and lose real streaming for clients. This plugin gives 0.21-0.32 the
+0.33 behaviour: a top-level `kv_transfer_params` on each chunk that carries a `finish_reason`.
+
+How: vLLM calls `register()` in every process at start-up (entry point group
+`vllm.general_plugins`). In the API server it wraps the chat and completion stream generators:
+the engine's `RequestOutput`s are observed on their way in (the last non-empty
+`kv_transfer_params` is kept), and each outgoing SSE event whose choices finished gets the field.
+Events are rewritten only when the request asked for KV transfer (the engine then returns
+params); everything else passes through untouched. On vLLM >= 0.33, or when the serving modules
+moved, it does nothing and says so in the log.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any
+
+
+def _logger() -> logging.Logger:
+    try:  # vLLM's logger is configured to print; a plain one would be silent
+        from vllm.logger import init_logger
+
+        vllm_logger: logging.Logger = init_logger("boomerang.connector.plugin")
+        return vllm_logger
+    except ImportError:
+        return logging.getLogger("boomerang.connector.plugin")
+
+
+logger = _logger()
+
+_PATCHED = "__boomerang_stream_params__"
+_TARGETS = (
+    ("vllm.entrypoints.openai.chat_completion.serving", "OpenAIServingChat", "chat_completion"),
+    ("vllm.entrypoints.openai.completion.serving", "OpenAIServingCompletion", "completion"),
+)
+
+
+def with_params(event: str, params: dict[str, Any] | None) -> str:
+    """One SSE event, with `kv_transfer_params` added if the event finishes a choice.
+
+    Pure: the decision and the rewrite, testable without vLLM."""
+    if params is None or not event.startswith("data: ") or '"finish_reason"' not in event:
+        return event
+    body = event[len("data: ") :].rstrip("\n")
+    try:
+        chunk = json.loads(body)
+    except ValueError:
+        return event
+    choices = chunk.get("choices") if isinstance(chunk, dict) else None
+    if not isinstance(choices, list):
+        return event
+    if not any(isinstance(c, dict) and c.get("finish_reason") for c in choices):
+        return event
+    chunk["kv_transfer_params"] = params
+    return "data: " + json.dumps(chunk, separators=(",", ":")) + "\n\n"
+
+
+class _ParamsTap:
+    """Passes the engine's outputs through and remembers the last `kv_transfer_params`."""
+
+    def __init__(self, source: AsyncIterator[Any]) -> None:
+        self._source = source
+        self.params: dict[str, Any] | None = None
+
+    def __aiter__(self) -> _ParamsTap:
+        return self
+
+    async def __anext__(self) -> Any:
+        item = await self._source.__anext__()
+        # Completions yield (prompt index, RequestOutput); chat yields RequestOutput.
+        output = item[1] if isinstance(item, tuple) else item
+        params = getattr(output, "kv_transfer_params", None)
+        if params:
+            self.params = dict(params)
+        return item
+
+
+def wrap_stream_generator(original: Callable[..., AsyncGenerator[str, None]]) -> Any:
+    """Wrap a vLLM `*_stream_generator` method so finishing chunks carry the engine's params."""
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    async def wrapper(*args: Any, **kwargs: Any) -> AsyncGenerator[str, None]:
+        bound = signature.bind(*args, **kwargs)
+        tap = _ParamsTap(bound.arguments["result_generator"])
+        bound.arguments["result_generator"] = tap
+        async for event in original(*bound.args, **bound.kwargs):
+            yield with_params(event, tap.params)
+
+    setattr(wrapper, _PATCHED, True)
+    return wrapper
+
+
+def needs_patch(version: str) -> bool:
+    """vLLM before 0.33 does not put the params on streamed chunks."""
+    parts = [int(p) for p in version.split("+")[0].split(".")[:2] if p.isdigit()]
+    major, minor = ([*parts, 0, 0])[:2]
+    return (major, minor) < (0, 33)
+
+
+def register() -> None:
+    """vLLM's entry point, called in every engine process: quiet NIXL's progress thread, and
+    patch the stream generators where vLLM needs it (idempotent)."""
+    try:
+        import vllm
+    except ImportError:  # not inside a vLLM process
+        return
+    from boomerang.connector import nixl_quiet
+
+    if nixl_quiet.apply():
+        logger.debug("boomerang: NIXL progress thread delay raised")
+    _patch_streams(getattr(vllm, "__version__", "0"))
+
+
+def _patch_streams(version: str) -> None:
+    import importlib
+
+    if not needs_patch(version):
+        logger.info("boomerang: vLLM %s streams kv_transfer_params itself; not patching", version)
+        return
+    for module_name, class_name, kind in _TARGETS:
+        try:
+            cls = getattr(importlib.import_module(module_name), class_name)
+        except (ImportError, AttributeError) as exc:
+            logger.warning("boomerang: cannot patch %s streaming (%s)", kind, exc)
+            continue
+        method_name = f"{kind}_stream_generator"
+        method = getattr(cls, method_name, None)
+        if method is None or getattr(method, _PATCHED, False):
+            continue
+        setattr(cls, method_name, wrap_stream_generator(method))
+        logger.info("boomerang: %s streams now end with kv_transfer_params", kind)

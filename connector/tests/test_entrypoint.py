@@ -1,0 +1,135 @@
+"""The engine entrypoint's decisions: model URIs, side-channel host, EFA env, the command."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from boomerang.connector import config
+from boomerang.connector.entrypoint import UsageError, build_command, resolve_model
+
+KV = json.dumps(config.kv_transfer_config("prefill", config.KVTransferSettings()))
+
+
+def test_hf_uri_becomes_the_hub_id() -> None:
+    assert resolve_model("hf://Qwen/Qwen3-0.6B", {}) == ("Qwen/Qwen3-0.6B", [])
+
+
+def test_pvc_uri_becomes_the_mount_path() -> None:
+    assert resolve_model("pvc://models/qwen/32b", {}) == ("/models/qwen/32b", [])
+    assert resolve_model("pvc://models", {}) == ("/models", [])
+
+
+def test_s3_uri_streams_with_runai() -> None:
+    assert resolve_model("s3://bucket/m", {}) == (
+        "s3://bucket/m",
+        ["--load-format", "runai_streamer"],
+    )
+
+
+def test_builtin_uri_lives_in_the_cache(tmp_path) -> None:
+    path, extra = resolve_model("builtin://tiny", {"BOOMERANG_CACHE": str(tmp_path)})
+    assert path == str(tmp_path / "models" / "tiny-v1") and extra == []
+
+
+@pytest.mark.parametrize("uri", ["hf://justone", "pvc:///x", "ftp://x/y", "builtin://huge"])
+def test_bad_model_uris_are_refused_clearly(uri: str) -> None:
+    with pytest.raises(UsageError):
+        resolve_model(uri, {})
+
+
+def test_command_runs_the_openai_server_module_with_the_resolved_model() -> None:
+    cmd, _env = build_command(["--", "--model", "hf://org/m", "--kv-transfer-config", KV], {}, "py")
+    assert cmd[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd[3:5] == ["--model", "org/m"]
+    assert cmd[-1] == KV
+
+
+def test_equals_form_of_model_is_resolved_too() -> None:
+    cmd, _ = build_command(["--model=pvc://c/p", "--port", "1"], {}, "py")
+    assert cmd[3:] == ["--model", "/models/p", "--port", "1"]
+
+
+def test_s3_adds_load_format_unless_given() -> None:
+    cmd, _ = build_command(["--model", "s3://b/m"], {}, "py")
+    assert cmd[-2:] == ["--load-format", "runai_streamer"]
+    cmd, _ = build_command(["--model", "s3://b/m", "--load-format", "auto"], {}, "py")
+    assert cmd.count("--load-format") == 1 and cmd[-1] == "auto"
+
+
+def test_missing_model_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match="--model"):
+        build_command(["--port", "8000"], {})
+
+
+def test_side_channel_host_defaults_to_the_pod_ip() -> None:
+    _, env = build_command(["--model", "m"], {"POD_IP": "10.1.2.3"})
+    assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "10.1.2.3"
+
+
+def test_explicit_side_channel_host_wins_over_the_pod_ip() -> None:
+    env_in = {"POD_IP": "10.1.2.3", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"}
+    _, env = build_command(["--model", "m"], env_in)
+    assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
+
+
+def test_efa_with_libfabric_sets_the_efa_provider() -> None:
+    kv = config.KVTransferSettings(backend="LIBFABRIC")
+    args = [
+        "--model",
+        "m",
+        "--kv-transfer-config",
+        json.dumps(config.kv_transfer_config("decode", kv)),
+    ]
+    _, env = build_command(args, {"BOOMERANG_EFA": "1"})
+    assert env["FI_PROVIDER"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    _, env = build_command(args, {})
+    assert "FI_PROVIDER" not in env
+
+
+def test_bad_role_is_refused() -> None:
+    with pytest.raises(UsageError, match="BOOMERANG_ROLE"):
+        build_command(["--model", "m"], {"BOOMERANG_ROLE": "both"})
+
+
+def test_operator_rendered_args_round_trip_through_the_entrypoint() -> None:
+    engine = config.EngineSettings(model="hf://org/m", served_model_name="m", enforce_eager=True)
+    args = config.engine_args("decode", engine, config.KVTransferSettings())
+    cmd, _ = build_command(["--", *args], {}, "py")
+    assert cmd[3:] == ["--model", "org/m", *args[2:]]
+
+
+def test_sigterm_is_forwarded_to_the_server_which_drains(tmp_path) -> None:
+    # A stand-in server that, like vLLM's, finishes its in-flight work on SIGTERM then exits 0.
+    server = tmp_path / "server.py"
+    server.write_text(
+        textwrap.dedent("""
+        import signal, sys, time
+        def drain(*_):
+            time.sleep(0.5); print("drained", flush=True); sys.exit(0)
+        signal.signal(signal.SIGTERM, drain)
+        print("ready", flush=True)
+        while True: time.sleep(0.1)
+    """)
+    )
+    runner = tmp_path / "runner.py"
+    runner.write_text(
+        textwrap.dedent(f"""
+        import sys
+        from boomerang.connector.entrypoint import run
+        sys.exit(run([sys.executable, {str(server)!r}], {{}}))
+    """)
+    )
+    proc = subprocess.Popen([sys.executable, str(runner)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 0
+    assert proc.stdout.read().strip() == "drained"
