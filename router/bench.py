@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -116,12 +117,19 @@ async def _level(target: dict[str, str], conc: int, turns: int) -> tuple[list[fl
     return latencies, wall
 
 
-def _pct(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else 0
+def _pct(values: list[float], q: int) -> float:
+    if len(values) < 2:
+        return values[0] if values else 0.0
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
-def memory_per_conversation(n: int = 100_000) -> float:
-    """Bytes per stored conversation in the memory store, for realistic handles."""
+def memory_per_conversation(n: int = 100_000, scattered: bool = False) -> float:
+    """Bytes per stored conversation in the memory store, for realistic handles.
+
+    `scattered`: block ids drawn at random (a fragmented KV cache) instead of a run, which is
+    the worst case for the params' compression.
+    """
+    rng = random.Random(0)
     store = MemoryStore(max_conversations=n)
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
@@ -130,7 +138,9 @@ def memory_per_conversation(n: int = 100_000) -> float:
         params = {
             "do_remote_prefill": False,
             "do_remote_decode": True,
-            "remote_block_ids": [list(range(1000 + i, 1063 + i))],
+            "remote_block_ids": [
+                rng.sample(range(200_000), 63) if scattered else list(range(1000 + i, 1063 + i))
+            ],
             "remote_engine_id": "0b5c1f9e-6d5e-4b6a-9a43-8a1f0c7d2e11",
             "remote_request_id": f"chatcmpl-{i:032x}",
             "remote_host": "10.0.12.34",
@@ -214,15 +224,23 @@ def _run_table(p_port: int, d_port: int, r_port: int) -> None:
         d_lat, _ = asyncio.run(_level(direct, conc, turns))
         r_lat, wall = asyncio.run(_level(routed, conc, turns))
         d50, d99, r50, r99 = (_pct(d_lat, 50), _pct(d_lat, 99), _pct(r_lat, 50), _pct(r_lat, 99))
-        print(
-            f"| {conc} | {len(r_lat)} | {d50 * 1e3:.2f} / {d99 * 1e3:.2f} | {r50 * 1e3:.2f} / "
-            f"{r99 * 1e3:.2f} | {(r50 - d50) * 1e3:.2f} / {(r99 - d99) * 1e3:.2f} | {len(r_lat) / wall:.0f} |"
-        )
+        row = [
+            f"{conc}",
+            f"{len(r_lat)}",
+            f"{d50 * 1e3:.2f} / {d99 * 1e3:.2f}",
+            f"{r50 * 1e3:.2f} / {r99 * 1e3:.2f}",
+            f"{(r50 - d50) * 1e3:.2f} / {(r99 - d99) * 1e3:.2f}",
+            f"{len(r_lat) / wall:.0f}",
+        ]
+        print("| " + " | ".join(row) + " |")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
-    print(
-        f"memory store: {memory_per_conversation():.0f} bytes per stored conversation "
-        "(100k conversations, 63 block ids each)"
-    )
+    for scattered in (False, True):
+        kind = "scattered" if scattered else "contiguous"
+        per = memory_per_conversation(scattered=scattered)
+        print(
+            f"memory store: {per:.0f} bytes per stored conversation (100k conversations, "
+            f"1k-token history, 63 {kind} block ids)"
+        )
 
 
 if __name__ == "__main__":

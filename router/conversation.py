@@ -22,9 +22,12 @@ fact and counts any difference (template drift between `/tokenize` and the chat 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import sys
+import zlib
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -100,7 +103,8 @@ class Handle:
     """D's retained blocks for one conversation: what P needs, and what they hold."""
 
     params: bytes
-    """D's kv_transfer_params, compact JSON."""
+    """D's kv_transfer_params, compact JSON, zlib-compressed (block id lists compress well;
+    this keeps a stored conversation under 1 KB with a long history)."""
     prefix_hash: bytes
     """`token_hash` of the first `num_tokens` ids D holds."""
     num_tokens: int
@@ -111,19 +115,24 @@ class Handle:
 
     def kv_params(self) -> dict[str, Any]:
         """D's params as a mapping, for P's request."""
-        value: dict[str, Any] = json.loads(self.params)
+        value: dict[str, Any] = json.loads(zlib.decompress(self.params))
         return value
 
     def matches(self, prompt_ids: Sequence[int]) -> bool:
         """Whether the new prompt strictly extends the exact token sequence D holds."""
         n = self.num_tokens
-        return len(prompt_ids) > n and token_hash(prompt_ids[:n]) == self.prefix_hash
+        if len(prompt_ids) <= n:
+            return False
+        try:
+            return token_hash(prompt_ids[:n]) == self.prefix_hash
+        except (TypeError, OverflowError):
+            return False
 
     def encode(self) -> bytes:
         """Serialised form for a shared store."""
         return json.dumps(
             [
-                self.params.decode(),
+                base64.b64encode(self.params).decode(),
                 self.prefix_hash.hex(),
                 self.num_tokens,
                 self.decode_url,
@@ -137,8 +146,9 @@ class Handle:
         """Inverse of `encode`; raises ValueError on garbage."""
         try:
             params, digest, n, url, exp = json.loads(raw)
-            return cls(params.encode(), bytes.fromhex(digest), int(n), str(url), float(exp))
-        except (TypeError, ValueError, AttributeError) as exc:
+            blob = base64.b64decode(params, validate=True)
+            return cls(blob, bytes.fromhex(digest), int(n), str(url), float(exp))
+        except (TypeError, ValueError, AttributeError, binascii.Error) as exc:
             raise ValueError(f"malformed handle: {exc}") from None
 
 
@@ -152,5 +162,9 @@ def build_handle(
     n = params.get("remote_num_tokens")
     if not isinstance(n, int) or n <= 0 or len(held_ids) < n:
         return None
-    compact = json.dumps(params, separators=(",", ":")).encode()
-    return Handle(compact, token_hash(held_ids[:n]), n, decode_url, expires_at)
+    try:
+        digest = token_hash(held_ids[:n])
+    except (TypeError, OverflowError):
+        return None  # not token ids
+    compact = zlib.compress(json.dumps(params, separators=(",", ":")).encode(), 6)
+    return Handle(compact, digest, n, decode_url, expires_at)

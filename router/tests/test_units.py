@@ -1,0 +1,210 @@
+"""Pure parts: configuration, verification, fingerprints, SSE, discovery, capability choice."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from boomerang.router import conversation as conv
+from boomerang.router import sse
+from boomerang.router.__main__ import cli_overrides, parse_args
+from boomerang.router.capabilities import decode_mode, version_tuple
+from boomerang.router.config import RouterConfig
+from boomerang.router.discovery import SliceWatcher, ready_urls
+from boomerang.router.endpoints import Endpoint, LeastWorkAffinity, Pool
+
+STATIC = {"prefill": {"urls": ["http://127.0.0.1:1"]}, "decode": {"urls": ["http://127.0.0.1:2"]}}
+
+
+def test_handle_ttl_defaults_below_decoder_ttl_with_margin() -> None:
+    cfg = RouterConfig.model_validate(STATIC)
+    assert cfg.effective_handle_ttl_s < cfg.decoder_blocks_ttl_s - 5
+
+
+def test_handle_ttl_not_below_decoder_ttl_minus_5s_is_rejected() -> None:
+    with pytest.raises(ValidationError, match="strictly below"):
+        RouterConfig.model_validate({**STATIC, "decoder_blocks_ttl_s": 60, "handle_ttl_s": 55})
+
+
+def test_endpoint_source_needs_exactly_one_of_urls_or_kubernetes() -> None:
+    with pytest.raises(ValidationError, match="exactly one"):
+        RouterConfig.model_validate({**STATIC, "decode": {}})
+    both = {"urls": ["http://x"], "kubernetes": {"namespace": "n", "service": "s"}}
+    with pytest.raises(ValidationError, match="exactly one"):
+        RouterConfig.model_validate({**STATIC, "decode": both})
+
+
+def test_every_config_field_is_described() -> None:
+    def walk(model: Any) -> None:
+        for name, field in model.model_fields.items():
+            assert field.description, f"{model.__name__}.{name}"
+            ann = field.annotation
+            for sub in getattr(ann, "__args__", (ann,)):
+                if hasattr(sub, "model_fields"):
+                    walk(sub)
+
+    walk(RouterConfig)
+
+
+def test_file_then_env_then_flags(tmp_path: Any) -> None:
+    path = tmp_path / "router.yaml"
+    cfg = RouterConfig.model_validate(
+        {**STATIC, "store": {"kind": "redis", "url": "redis://file"}, "listen_port": 1}
+    )
+    path.write_text(json.dumps(cfg.model_dump(mode="json", exclude_none=True)))
+    env = {"BOOMERANG_REDIS_URL": "redis://env", "BOOMERANG_ROUTER_LISTEN_PORT": "2"}
+    args = parse_args(["--port", "3", "--decode", "http://d1:8000", "--decode", "http://d2:8000"])
+    loaded = RouterConfig.load(path, env=env, overrides=cli_overrides(args))
+    assert loaded.store.url == "redis://env"
+    assert loaded.listen_port == 3
+    assert loaded.decode.urls == ["http://d1:8000", "http://d2:8000"]
+    assert loaded.prefill.urls == ["http://127.0.0.1:1"]
+
+
+def test_verification_needs_a_strict_extension_of_the_held_tokens() -> None:
+    held = [1, 2, 3, 4, 5]
+    params = {"remote_num_tokens": 4, "do_remote_decode": True, "remote_block_ids": [[0]]}
+    h = conv.build_handle(params, held, "http://d", 0.0)
+    assert h is not None
+    assert h.matches([1, 2, 3, 4, 9])
+    assert not h.matches([1, 2, 3, 4])  # nothing left to compute
+    assert not h.matches([1, 2, 3, 5, 9])
+    assert not h.matches([0, 1, 2, 3, 4, 9])
+    assert conv.build_handle(params, [1, 2], "http://d", 0.0) is None
+    assert h.kv_params() == params
+    assert conv.Handle.decode(h.encode()) == h
+
+
+def test_fingerprint_ignores_what_clients_drop_and_sees_what_they_change() -> None:
+    reply = {"role": "assistant", "content": "hi", "reasoning": "r", "refusal": None}
+    history = [{"role": "user", "content": [{"type": "text", "text": "hello"}]}, reply]
+    same = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
+    edited = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "ho"}]
+    k = conv.fingerprint_key("t", "m", history)
+    assert k == conv.fingerprint_key("t", "m", same)
+    assert k != conv.fingerprint_key("t", "m", edited)
+    assert k != conv.fingerprint_key("other-tenant", "m", same)
+    assert conv.lookup_messages([*same, {"role": "user", "content": "q"}]) == same
+
+
+async def test_sse_reader_handles_lines_longer_than_64k() -> None:
+    big = {"prompt_token_ids": list(range(40_000))}
+    payload = sse.event(big) + sse.DONE_EVENT
+
+    async def chunks() -> Any:
+        for i in range(0, len(payload), 1000):
+            yield payload[i : i + 1000]
+
+    events = [e async for e in sse.read_events(sse.split_lines(chunks()))]
+    assert events == [big, sse.DONE]
+
+
+def test_buffered_response_becomes_equivalent_chunks() -> None:
+    response = {
+        "id": "x",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "tool_calls",
+                "logprobs": {"content": []},
+                "message": {
+                    "role": "assistant",
+                    "content": None,
+                    "reasoning": "why",
+                    "tool_calls": [
+                        {
+                            "id": "c",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": "{}"},
+                        }
+                    ],
+                },
+            }
+        ],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3},
+    }
+    chunks = list(sse.chunks_from_response(response, include_usage=True))
+    delta = chunks[0]["choices"][0]["delta"]
+    assert delta["reasoning"] == "why" and delta["tool_calls"][0]["index"] == 0
+    assert chunks[0]["choices"][0]["finish_reason"] == "tool_calls"
+    assert chunks[0]["choices"][0]["logprobs"] == {"content": []}
+    assert chunks[-1]["usage"]["total_tokens"] == 3 and chunks[-1]["choices"] == []
+
+
+def test_ready_urls_keep_ready_pod_ips_only() -> None:
+    slices = [
+        {
+            "addressType": "IPv4",
+            "endpoints": [
+                {"addresses": ["10.0.0.1"], "conditions": {"ready": True}},
+                {"addresses": ["10.0.0.2"], "conditions": {"ready": False}},
+                {"addresses": ["10.0.0.3"]},
+            ],
+        },
+        {"addressType": "IPv6", "endpoints": [{"addresses": ["fd00::1"]}]},
+        {"addressType": "FQDN", "endpoints": [{"addresses": ["x.example"]}]},
+    ]
+    assert ready_urls(slices, 8000) == [
+        "http://10.0.0.1:8000",
+        "http://10.0.0.3:8000",
+        "http://[fd00::1]:8000",
+    ]
+
+
+def test_slice_watch_events_update_the_url_set() -> None:
+    from boomerang.router.config import KubernetesSource
+    from boomerang.router.discovery import ApiAccess
+
+    seen: list[list[str]] = []
+    w = SliceWatcher(
+        KubernetesSource(namespace="n", service="s", port=80),
+        ApiAccess("https://x", {}, False),
+        seen.append,
+    )
+    s1 = {
+        "metadata": {"name": "a", "resourceVersion": "2"},
+        "endpoints": [{"addresses": ["10.0.0.1"]}],
+    }
+    w.apply({"type": "ADDED", "object": s1})
+    w.apply({"type": "DELETED", "object": {"metadata": {"name": "a", "resourceVersion": "3"}}})
+    assert seen == [["http://10.0.0.1:80"], []]
+    with pytest.raises(RuntimeError):
+        w.apply({"type": "ERROR", "object": {"code": 410, "message": "too old"}})
+    assert w._rv == ""
+
+
+def test_decode_prefers_the_holder_unless_overloaded() -> None:
+    a, b = Endpoint("http://a", "decode"), Endpoint("http://b", "decode")
+    s = LeastWorkAffinity(slack=2)
+    a.inflight = 2
+    assert s.decode([a, b], "http://a") is a
+    a.inflight = 3
+    assert s.decode([a, b], "http://a") is b
+
+
+def test_ejected_engines_are_skipped_until_readmitted() -> None:
+    pool = Pool("prefill", eject_after=2)
+    pool.set_urls(["http://a", "http://b"])
+    a = pool.endpoints["http://a"]
+    pool.failed(a)
+    pool.failed(a)
+    assert [e.url for e in pool.candidates()] == ["http://b"]
+    pool.succeeded(a, probe=True)
+    assert len(pool.candidates()) == 2
+
+
+def test_streaming_choice_follows_what_the_engine_can_do() -> None:
+    cfg = RouterConfig.model_validate(STATIC)
+    ep = Endpoint("http://d", "decode", version="0.32.0")
+    assert decode_mode(False, ep, cfg, 0.0) == "json"
+    assert decode_mode(True, ep, cfg, 0.0) == "stream"  # unknown: stream and observe
+    ep.stream_params, ep.stream_params_at = False, 0.0
+    assert decode_mode(True, ep, cfg, 1.0) == "buffer"
+    assert decode_mode(True, ep, cfg, 10_000.0) == "stream"  # re-checked later
+    assert version_tuple("0.33.1rc1+cpu") == (0, 33)
