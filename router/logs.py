@@ -45,6 +45,20 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+class TextFormatter(logging.Formatter):
+    """Kubernetes style: `time level msg key=value ...` with the request id."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        extras = " ".join(f"{k}={v}" for k, v in vars(record).items() if k not in _STANDARD)
+        stamp = self.formatTime(record)
+        line = f"{stamp} {record.levelname} {record.getMessage()} request_id={request_id.get()}"
+        if extras:
+            line += " " + extras
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
 def configure(level: str, as_json: bool) -> None:
     """Set up the `boomerang.router` logger (idempotent)."""
     logger = logging.getLogger("boomerang.router")
@@ -57,6 +71,6 @@ def configure(level: str, as_json: bool) -> None:
     if as_json:
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        handler.setFormatter(TextFormatter())
     logger.addHandler(handler)
     logger.propagate = False

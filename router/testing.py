@@ -122,6 +122,10 @@ class EngineSpec:
     delay_s: float = 0.0
     fail_status: int | None = None
     """Answer completions with this HTTP status (simulates a broken engine)."""
+    chunk_delay_s: float = 0.0
+    """Pause between streamed chunks (to test disconnects mid-stream)."""
+    disconnected: int = 0
+    """Streams whose reader went away before the end."""
     calls: list[dict[str, Any]] = field(default_factory=list)
     tokenize_calls: int = 0
     seen_return_token_ids: bool = False
@@ -276,6 +280,26 @@ class FakeEngine:
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
+        try:
+            await self._chunks(resp, body, rid, content, out_ids, finish, ids, d_params)
+        except ConnectionResetError:
+            self.spec.disconnected += 1
+        except asyncio.CancelledError:
+            self.spec.disconnected += 1  # aiohttp cancels the handler when the peer goes away
+            raise
+        return resp
+
+    async def _chunks(
+        self,
+        resp: web.StreamResponse,
+        body: dict[str, Any],
+        rid: str,
+        content: str,
+        out_ids: list[int],
+        finish: str,
+        ids: list[int],
+        d_params: dict[str, Any] | None,
+    ) -> None:
         chat = "messages" in body
         want_ids = bool(body.get("return_token_ids"))
         base = _base(body, rid, chunk=True)
@@ -298,6 +322,7 @@ class FakeEngine:
             chunk: dict[str, Any] = {**base, "choices": [choice]}
             if last and self.spec.stream_params:
                 chunk["kv_transfer_params"] = d_params
+            await asyncio.sleep(self.spec.chunk_delay_s)
             await resp.write(_event(chunk))
         opts = body.get("stream_options") or {}
         if opts.get("include_usage"):
@@ -305,7 +330,6 @@ class FakeEngine:
             await resp.write(_event({**base, "choices": [], "usage": usage}))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
-        return resp
 
 
 def _event(payload: dict[str, Any]) -> bytes:

@@ -338,3 +338,18 @@ async def test_responses_carry_a_request_id(world: Any) -> None:
         headers={"X-Request-Id": "abc-123"},
     )
     assert resp.headers["X-Request-Id"] == "abc-123"
+
+
+async def test_client_disconnect_mid_stream_stops_the_decoder(world: Any) -> None:
+    w = await world(decode_spec={"stream_params": True, "chunk_delay_s": 0.2, "reply_words": 12})
+    body = chat([{"role": "user", "content": "long story"}], stream=True)
+    resp = await w.client.post("/v1/chat/completions", json=body)
+    assert resp.status == 200
+    await resp.content.readany()
+    resp.close()
+    for _ in range(50):
+        if w.decode[0].disconnected:
+            break
+        await asyncio.sleep(0.1)
+    assert w.decode[0].disconnected == 1
+    assert await w.metric("boomerang_router_requests_total", outcome="cancelled") == 1
