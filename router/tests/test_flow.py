@@ -353,3 +353,16 @@ async def test_client_disconnect_mid_stream_stops_the_decoder(world: Any) -> Non
         await asyncio.sleep(0.1)
     assert w.decode[0].disconnected == 1
     assert await w.metric("boomerang_router_requests_total", outcome="cancelled") == 1
+
+
+async def test_a_store_outage_never_fails_a_request(world: Any) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead_port = s.getsockname()[1]
+    w = await world(store={"kind": "redis", "url": f"redis://127.0.0.1:{dead_port}/0"})
+    await two_turns(w, conversation_id="c")
+    assert await w.metric("boomerang_router_store_errors_total", op="take") >= 1
+    assert await w.metric("boomerang_router_store_errors_total", op="put") >= 1
+    assert await w.metric("boomerang_router_requests_total", outcome="ok") == 2
