@@ -20,11 +20,19 @@ HASH="$(cat "$HERE/requirements-engine.txt" "$HERE/install-engine.sh" | sha256su
 VENV="$CACHE/venv-engine-$HASH"
 MARKER="$VENV/.boomerang-complete"
 
+if [[ "${1:-}" == "--check" ]]; then
+  # Print the venv path if it is complete, else fail: lets tests skip without installing.
+  [[ -f "$MARKER" ]] && echo "$VENV" && exit 0
+  exit 1
+fi
+
 if [[ -f "$MARKER" ]]; then
   cd "$CACHE"
-  # Re-link the repo in case this is a different checkout sharing the cache.
-  "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$REPO" >/dev/null 2>&1 \
-    || "$VENV/bin/python" -m pip install -q --no-deps -e "$REPO"
+  # The cache may be shared by several checkouts: point the editable install at this one.
+  if [[ "$("$VENV/bin/python" -c 'import boomerang.connector as c; print(c.__file__)')" \
+        != "$REPO/connector/__init__.py" ]]; then
+    "$VENV/bin/python" -m pip install -q --no-deps -e "$REPO"
+  fi
   echo "$VENV"
   exit 0
 fi

