@@ -216,6 +216,7 @@ def _run_table(p_port: int, d_port: int, r_port: int) -> None:
     direct = {"p": f"{loc}{p_port}", "d": f"{loc}{d_port}"}
     routed = {"router": f"{loc}{r_port}"}
     print(f"load average before: {os.getloadavg()[0]:.2f} (cores: {os.cpu_count()})")
+    print(f"{ROUNDS} alternating rounds per level; turns/s = router turns / router wall time")
     print(
         "| conversations | turns | direct p50/p99 ms | router p50/p99 ms "
         "| added p50/p99 ms | router turns/s |"
