@@ -366,3 +366,20 @@ async def test_a_store_outage_never_fails_a_request(world: Any) -> None:
     assert await w.metric("boomerang_router_store_errors_total", op="take") >= 1
     assert await w.metric("boomerang_router_store_errors_total", op="put") >= 1
     assert await w.metric("boomerang_router_requests_total", outcome="ok") == 2
+
+
+async def test_a_decoder_silent_past_the_first_byte_timeout_is_replaced(world: Any) -> None:
+    w = await world(
+        n_decode=2,
+        decode_spec={"stream_params": True},
+        timeouts={"decode_first_byte_s": 0.3},
+    )
+    w.decode[0].delay_s = 3.0
+    for i in range(2):
+        events = await stream(w, chat([{"role": "user", "content": f"x{i}"}]))
+        assert events
+    assert (
+        await w.metric("boomerang_router_upstream_failures_total", role="decode", kind="timeout")
+        == 1
+    )
+    assert w.fabric.violations == []

@@ -208,3 +208,16 @@ def test_streaming_choice_follows_what_the_engine_can_do() -> None:
     assert decode_mode(True, ep, cfg, 1.0) == "buffer"
     assert decode_mode(True, ep, cfg, 10_000.0) == "stream"  # re-checked later
     assert version_tuple("0.33.1rc1+cpu") == (0, 33)
+
+
+async def test_memory_store_is_bounded_by_size_and_sweeps_expired_handles() -> None:
+    from boomerang.router.store import EXPIRED_GRACE_S, MemoryStore
+
+    store = MemoryStore(max_conversations=3)
+    for i in range(5):
+        await store.put(bytes([i]), conv.Handle(b"", b"", 1, "d", expires_at=100.0 + i))
+    assert await store.size() == 3
+    assert (await store.take(bytes([0]), 0.0))[0] == "missing"  # the oldest were evicted
+    assert (await store.take(bytes([4]), 200.0))[0] == "expired"
+    assert store.sweep(103.0 + EXPIRED_GRACE_S) == 2
+    assert await store.size() == 0
