@@ -380,6 +380,6 @@ async def test_a_decoder_silent_past_the_first_byte_timeout_is_replaced(world: A
         assert events
     assert (
         await w.metric("boomerang_router_upstream_failures_total", role="decode", kind="timeout")
-        == 1
+        >= 1
     )
     assert w.fabric.violations == []
