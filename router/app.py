@@ -93,7 +93,10 @@ def _lifecycle(strategy: Strategy | None, store: ConversationStore | None) -> An
             Pool("decode", h.eject_after_failures, h.readmit_after_successes),
         ]
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, ttl_dns_cache=30)
-        session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        headers = {}
+        if config.engine_api_key:
+            headers["Authorization"] = f"Bearer {config.engine_api_key}"
+        session = aiohttp.ClientSession(connector=connector, headers=headers)
         the_store = store or _make_store(config)
         app[ROUTER] = Router(
             config,
@@ -165,7 +168,9 @@ async def _add_request_id(request: web.Request, response: web.StreamResponse) ->
 
 def _tenant(request: web.Request) -> str:
     keys = request.app.get(KEYS)
-    tenant: str = auth.tenant_of(request.headers.get("Authorization"), keys)
+    header = request.app[CONFIG].tenant_header
+    gateway = request.headers.get(header) if header else None
+    tenant: str = auth.tenant_of(request.headers.get("Authorization"), keys, gateway)
     return tenant
 
 

@@ -54,10 +54,16 @@ def bearer(header: str | None) -> str | None:
     return token.strip()
 
 
-def tenant_of(header: str | None, keys: dict[bytes, str] | None) -> str:
-    """The caller's tenant, or ApiError(401) when keys are required and missing or wrong."""
+def tenant_of(
+    header: str | None, keys: dict[bytes, str] | None, gateway_tenant: str | None = None
+) -> str:
+    """The caller's tenant, or ApiError(401) when keys are required and missing or wrong.
+
+    `gateway_tenant` is the value of the configured trusted tenant header, if any."""
     token = bearer(header)
     if keys is None:
+        if gateway_tenant:
+            return "gw-" + gateway_tenant
         return "bearer-" + _digest(token).hex()[:16] if token else ANONYMOUS
     if token is None:
         raise ApiError(401, "missing API key: send `Authorization: Bearer <key>`")

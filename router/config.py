@@ -146,6 +146,16 @@ class RouterConfig(_Model):
         default=None,
         description="One API key per line, optionally `key tenant`; set = Bearer auth required.",
     )
+    tenant_header: str | None = Field(
+        default=None,
+        description="Without API keys: take the tenant from this request header (only behind a "
+        "gateway that sets it and strips it from clients).",
+    )
+    engine_api_key: str | None = Field(
+        default=None,
+        description="Bearer key for engines started with --api-key; prefer env "
+        "BOOMERANG_ENGINE_API_KEY.",
+    )
     timeouts: Timeouts = Field(default_factory=Timeouts, description="Upstream timeouts.")
     health: HealthConfig = Field(default_factory=HealthConfig, description="Engine health.")
     max_request_bytes: int = Field(
@@ -247,6 +257,7 @@ _ENV_SCALARS: dict[str, tuple[str, ...]] = {
     "BOOMERANG_ROUTER_LOG_LEVEL": ("log_level",),
     "BOOMERANG_REDIS_URL": ("store", "url"),
     "BOOMERANG_API_KEYS_FILE": ("api_keys_file",),
+    "BOOMERANG_ENGINE_API_KEY": ("engine_api_key",),
 }
 _ENV_LISTS: dict[str, tuple[str, ...]] = {
     "BOOMERANG_ROUTER_PREFILL_URLS": ("prefill",),

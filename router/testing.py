@@ -122,6 +122,8 @@ class EngineSpec:
     delay_s: float = 0.0
     fail_status: int | None = None
     """Answer completions with this HTTP status (simulates a broken engine)."""
+    api_key: str | None = None
+    """Like vLLM's --api-key: completions and tokenize need this Bearer key."""
     chunk_delay_s: float = 0.0
     """Pause between streamed chunks (to test disconnects mid-stream)."""
     disconnected: int = 0
@@ -158,7 +160,13 @@ class FakeEngine:
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "fake", "object": "model"}]})
 
+    def _authorized(self, request: web.Request) -> bool:
+        key = self.spec.api_key
+        return key is None or request.headers.get("Authorization") == f"Bearer {key}"
+
     async def _tokenize(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return web.json_response({"error": "Unauthorized"}, status=401)
         body = await request.json()
         self.spec.tokenize_calls += 1
         ids = self._prompt_ids(body)
@@ -176,6 +184,8 @@ class FakeEngine:
         return special + encode(prompt or "")
 
     async def _completion(self, request: web.Request) -> web.StreamResponse:
+        if not self._authorized(request):
+            return web.json_response({"error": "Unauthorized"}, status=401)
         body = await request.json()
         self.spec.calls.append(body)
         if self.spec.delay_s:

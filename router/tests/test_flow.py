@@ -383,3 +383,25 @@ async def test_a_decoder_silent_past_the_first_byte_timeout_is_replaced(world: A
         >= 1
     )
     assert w.fabric.violations == []
+
+
+async def test_engines_behind_an_api_key_get_the_routers_key(world: Any) -> None:
+    spec = {"api_key": "engine-secret"}
+    w = await world(prefill_spec=spec, decode_spec=spec, engine_api_key="engine-secret")
+    await two_turns(w, conversation_id="k")
+    assert await w.reuse("hit") == 1
+
+
+async def test_a_trusted_gateway_header_scopes_conversations(world: Any) -> None:
+    w = await world(tenant_header="X-Tenant")
+    history = [{"role": "user", "content": "hello"}]
+    body = chat(history, conversation_id="c")
+    _, first = await post(w, body, **{"X-Tenant": "a"})
+    nxt = chat(
+        [*history, first["choices"][0]["message"], {"role": "user", "content": "q"}],
+        conversation_id="c",
+    )
+    await post(w, nxt, **{"X-Tenant": "b"})
+    assert await w.reuse("hit") == 0
+    await post(w, nxt, **{"X-Tenant": "a"})
+    assert await w.reuse("hit") == 1
