@@ -6,6 +6,7 @@ Flags override the environment, which overrides the YAML file (see `config.py`).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 from collections.abc import Sequence
@@ -62,6 +63,15 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _use_uvloop_if_installed() -> None:
+    """uvloop roughly halves the event loop's share of the router's CPU; optional."""
+    try:
+        import uvloop
+    except ImportError:
+        return
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the `boomerang-router` console script."""
     args = parse_args(argv)
@@ -74,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from boomerang.router.logs import configure
 
     configure(config.log_level, config.log_json)
+    _use_uvloop_if_installed()
     web.run_app(
         create_app(config),
         host=config.listen_host,

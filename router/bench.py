@@ -204,31 +204,41 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for port in (p_port, d_port, r_port):
             _wait_port(port)
-        _run_table(p_port, d_port, r_port)
+        _run_table(p_port, d_port, r_port, router.pid)
     finally:
         for proc in (router, engines):
             proc.terminate()
             proc.wait(timeout=10)
 
 
-def _run_table(p_port: int, d_port: int, r_port: int) -> None:
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _run_table(p_port: int, d_port: int, r_port: int, router_pid: int) -> None:
     loc = "http://127.0.0.1:"
     direct = {"p": f"{loc}{p_port}", "d": f"{loc}{d_port}"}
     routed = {"router": f"{loc}{r_port}"}
     print(f"load average before: {os.getloadavg()[0]:.2f} (cores: {os.cpu_count()})")
-    print(f"{ROUNDS} alternating rounds per level; turns/s = router turns / router wall time")
+    print(f"{ROUNDS} alternating rounds per level; turns/s = router turns / router wall time;")
+    print("router CPU ms/turn = the router process's user+system time / turns it served")
     print(
         "| conversations | turns | direct p50/p99 ms | router p50/p99 ms "
-        "| added p50/p99 ms | router turns/s |"
+        "| added p50/p99 ms | router turns/s | router CPU ms/turn |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for conc, turns in LEVELS:
         # Alternate short rounds so both modes see the same background load (shared machine).
-        d_lat, r_lat, wall = [], [], 0.0
+        d_lat, r_lat, wall, cpu = [], [], 0.0, 0.0
         for _ in range(ROUNDS):
             lat, _ = asyncio.run(_level(direct, conc, turns))
             d_lat += lat
+            cpu_before = _cpu_seconds(router_pid)
             lat, seconds = asyncio.run(_level(routed, conc, turns))
+            cpu += _cpu_seconds(router_pid) - cpu_before
             r_lat += lat
             wall += seconds
         d50, d99, r50, r99 = (_pct(d_lat, 50), _pct(d_lat, 99), _pct(r_lat, 50), _pct(r_lat, 99))
@@ -239,6 +249,7 @@ def _run_table(p_port: int, d_port: int, r_port: int) -> None:
             f"{r50 * 1e3:.2f} / {r99 * 1e3:.2f}",
             f"{(r50 - d50) * 1e3:.2f} / {(r99 - d99) * 1e3:.2f}",
             f"{len(r_lat) / wall:.0f}",
+            f"{cpu / len(r_lat) * 1e3:.2f}",
         ]
         print("| " + " | ".join(row) + " |")
     print(f"load average after: {os.getloadavg()[0]:.2f}")
