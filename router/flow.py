@@ -17,7 +17,6 @@ The order of events is what keeps reuse correct:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -42,7 +41,14 @@ from boomerang.router.endpoints import Endpoint, Pool, Strategy
 from boomerang.router.errors import ApiError
 from boomerang.router.metrics import Metrics
 from boomerang.router.store import ConversationStore
-from boomerang.router.upstream import UpstreamError, open_stream, post_json, timeout
+from boomerang.router.upstream import (
+    UpstreamError,
+    client_error,
+    open_stream,
+    post_json,
+    timeout,
+    unavailable,
+)
 from boomerang.router.validation import ClientRequest
 
 log = logging.getLogger("boomerang.router")
@@ -254,8 +260,8 @@ class Router:
                 if exc.delivered:
                     turn.spend_handle()
                 if not exc.retryable:
-                    raise _client_error(exc) from None
-        raise _unavailable("prefill", last)
+                    raise client_error(exc) from None
+        raise unavailable("prefill", last)
 
     async def _prefill_once(self, turn: Turn, p_ep: Endpoint) -> dict[str, Any]:
         handle = turn.attached
@@ -303,12 +309,12 @@ class Router:
                 last = exc
                 self._failed(self.decode, d_ep, exc)
                 if not exc.retryable:
-                    raise _client_error(exc) from None
+                    raise client_error(exc) from None
                 if exc.delivered:
                     # D may have read (and so freed) P's blocks: prefill again for the next D.
                     turn.spend_handle()
                     p_params, _ = await self._prefill(turn, self._pick_prefill(set()))
-        raise _unavailable("decode", last)
+        raise unavailable("decode", last)
 
     async def _decode_once(
         self, request: web.Request, turn: Turn, p_params: dict[str, Any], d_ep: Endpoint
@@ -387,36 +393,3 @@ class Router:
 def _token_list(value: Any) -> list[int] | None:
     """Shape check only: `Handle.matches` rejects anything that is not token ids."""
     return value if isinstance(value, list) else None
-
-
-def _client_error(exc: UpstreamError) -> ApiError:
-    """An engine's 4xx, passed on with its own message when it has one."""
-    message = "the engine rejected the request"
-    try:
-        data = protocol_error_message(exc.body)
-        message = data or message
-    except ValueError:
-        pass
-    return ApiError(exc.status or 400, message)
-
-
-def protocol_error_message(body: bytes | None) -> str | None:
-    """The `message` of an OpenAI-style error body, if there is one."""
-    if not body:
-        return None
-    data = json.loads(body)
-    if isinstance(data, dict):
-        err = data.get("error", data)
-        if isinstance(err, dict) and isinstance(err.get("message"), str):
-            return str(err["message"])
-        if isinstance(data.get("message"), str):
-            return str(data["message"])
-    return None
-
-
-def _unavailable(stage: str, last: UpstreamError | None) -> ApiError:
-    detail = f": {last.kind}" if last is not None else ""
-    status = 504 if last is not None and last.kind == "timeout" else 502
-    if last is None:
-        status = 503
-    return ApiError(status, f"no {stage} engine could serve the request{detail}")

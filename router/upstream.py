@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 import aiohttp
 
+from boomerang.router.errors import ApiError
+
 FailureKind = Literal["connect", "timeout", "status", "protocol", "client"]
 
 
@@ -130,3 +132,37 @@ def parse_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UpstreamError("protocol", "response is not a JSON object")
     return data
+
+
+def client_error(exc: UpstreamError) -> ApiError:
+    """An engine's 4xx, passed on with its own message when it has one."""
+    message = "the engine rejected the request"
+    try:
+        data = _error_message(exc.body)
+        message = data or message
+    except ValueError:
+        pass
+    return ApiError(exc.status or 400, message)
+
+
+def _error_message(body: bytes | None) -> str | None:
+    """The `message` of an OpenAI-style error body, if there is one."""
+    if not body:
+        return None
+    data = json.loads(body)
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return str(err["message"])
+        if isinstance(data.get("message"), str):
+            return str(data["message"])
+    return None
+
+
+def unavailable(stage: str, last: UpstreamError | None) -> ApiError:
+    """No engine of a role could serve: 503 with none tried, 504 on timeouts, else 502."""
+    detail = f": {last.kind}" if last is not None else ""
+    status = 504 if last is not None and last.kind == "timeout" else 502
+    if last is None:
+        status = 503
+    return ApiError(status, f"no {stage} engine could serve the request{detail}")
