@@ -10,6 +10,7 @@ missing binary is a failure, so CI can never pass by skipping them.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import sys
@@ -61,7 +62,8 @@ def operator(cluster: Cluster, chart: str) -> Iterator[OperatorProcess]:
 def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace named after the test; deleted (without waiting) afterwards."""
     slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")
-    name = f"t-{slug}"[:50].rstrip("-") + f"-{os.getpid() % 10000}"
+    digest = hashlib.sha256(request.node.nodeid.encode()).hexdigest()[:8]
+    name = f"t-{slug}"[:50].rstrip("-") + f"-{digest}"
     cluster.kubectl("create", "namespace", name)
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)

@@ -25,7 +25,9 @@ def free_port() -> int:
 
 
 def port_free(port: int) -> bool:
+    """Nobody listens on the port (TIME_WAIT leftovers don't count: servers reuse those)."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:

@@ -16,8 +16,6 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-FORBIDDEN_MARKERS = ("Forbidden", "forbidden:", " 403 ")
-
 
 @dataclass
 class OperatorProcess:
@@ -82,18 +80,3 @@ class OperatorProcess:
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    def mark(self) -> int:
-        """A position in the log; `log_since(mark)` returns what was written after it."""
-        return len(self.log_text())
-
-    def log_since(self, mark: int) -> str:
-        return self.log_text()[mark:]
-
-    def forbidden_lines(self, mark: int = 0) -> list[str]:
-        """Log lines that report an RBAC denial (the chart granted too little)."""
-        return [
-            line
-            for line in self.log_since(mark).splitlines()
-            if any(marker in line for marker in FORBIDDEN_MARKERS)
-        ]

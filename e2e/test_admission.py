@@ -129,6 +129,16 @@ CASES: list[tuple[str, Callable[[Spec], Spec], tuple[str, ...]]] = [
 ]
 
 
+# CEL rules that no resource can violate, with why. Each is a defect to fix in the API (remove
+# the rule or widen what it guards); the coverage test fails once an entry here becomes stale.
+UNREACHABLE = {
+    "spec.kvTransfer.bidirectional requires spec.kvTransfer.connector NixlConnector": (
+        "kvTransfer.connector's enum admits only NixlConnector, so schema validation rejects "
+        "any other connector before this rule could"
+    ),
+}
+
+
 def _dry_run_create(cluster: Cluster, obj: Spec) -> tuple[int, str]:
     result = cluster.kubectl(
         "create", "--dry-run=server", "--validate=strict", "-n", "default", "-f", "-", "-o", "name",
@@ -160,5 +170,7 @@ def test_every_cel_rule_in_the_crd_has_a_rejection_case(cluster: Cluster, chart:
     outputs = [
         _dry_run_create(cluster, change(example("minimal.yaml")))[1] for _, change, _ in CASES
     ]
-    uncovered = [r["message"] for r in rules if not any(r["message"] in o for o in outputs)]
-    assert not uncovered, f"CEL rules no case triggers: {uncovered}"
+    uncovered = {r["message"] for r in rules if not any(r["message"] in o for o in outputs)}
+    assert not uncovered - set(UNREACHABLE), f"CEL rules no case triggers: {uncovered}"
+    stale = set(UNREACHABLE) - uncovered
+    assert not stale, f"now reachable or gone, remove from UNREACHABLE: {stale}"

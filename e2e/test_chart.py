@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 from cluster import Cluster
 from kube import is_true, wait_until
-from suite import DD, RELEASE, SERVICE_ACCOUNT
+from suite import DD, RELEASE, SERVICE_ACCOUNT, operator_user
 
 from boomerang.operator import api
 
@@ -61,3 +62,46 @@ def test_kubectl_explain_shows_the_api_field_descriptions(
     assert description
     out = cluster.kubectl("explain", f"dd.{path}").stdout
     assert _words(description) in _words(out), out
+
+
+@pytest.mark.parametrize(
+    ("verb", "resource", "allowed"),
+    [
+        ("patch", "statefulsets.apps", "yes"),
+        ("patch", "disaggregateddeployments.boomerang.dev/status", "yes"),
+        ("list", "endpointslices.discovery.k8s.io", "yes"),
+        ("get", "secrets", "no"),
+        ("delete", "statefulsets.apps", "no"),
+        ("create", "pods", "no"),
+        ("create", "clusterrolebindings.rbac.authorization.k8s.io", "no"),
+        ("escalate", "roles.rbac.authorization.k8s.io", "no"),
+    ],
+)
+def test_operator_identity_gets_what_it_needs_and_no_more(
+    cluster: Cluster, chart: str, tmp_path: Path, verb: str, resource: str, allowed: str
+) -> None:
+    kubeconfig = cluster.service_account_kubeconfig(
+        chart, SERVICE_ACCOUNT, tmp_path / "sa.kubeconfig", duration="10m"
+    )
+    result = cluster.kubectl(
+        "auth", "can-i", verb, resource, "-A", kubeconfig=kubeconfig, check=False
+    )
+    assert result.stdout.strip() == allowed
+
+
+def test_a_denied_request_shows_in_the_audit_log(
+    cluster: Cluster, chart: str, tmp_path: Path
+) -> None:
+    """The samples test trusts the audit log to show RBAC denials: prove that it does."""
+    kubeconfig = cluster.service_account_kubeconfig(
+        chart, SERVICE_ACCOUNT, tmp_path / "sa.kubeconfig", duration="10m"
+    )
+    mark = cluster.audit_mark()
+    result = cluster.kubectl("get", "secrets", "-n", "default", kubeconfig=kubeconfig, check=False)
+    assert result.returncode != 0 and "forbidden" in result.stderr
+    denied = wait_until(
+        "the denial in the audit log",
+        lambda: cluster.audit_denials(operator_user(), since=mark),
+        timeout=10,
+    )
+    assert denied == ["list secrets default"]

@@ -26,11 +26,13 @@ func main() {
 	dataDir := flag.String("data-dir", "default.etcd", "directory for the member's data")
 	client := flag.String("listen-client-urls", "http://127.0.0.1:2379", "client URL")
 	peer := flag.String("listen-peer-urls", "http://127.0.0.1:2380", "peer URL")
+	noFsync := flag.Bool("unsafe-no-fsync", false, "skip fsync (throwaway test data only)")
 	flag.Parse()
 
 	cfg := embed.NewConfig()
 	cfg.Dir = *dataDir
 	cfg.LogLevel = "warn"
+	cfg.UnsafeNoFsync = *noFsync
 	clientURL, peerURL := mustURL(*client), mustURL(*peer)
 	cfg.ListenClientUrls = []url.URL{clientURL}
 	cfg.AdvertiseClientUrls = []url.URL{clientURL}
