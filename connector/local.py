@@ -73,7 +73,6 @@ def engine_local_env(role: Role, ports: LocalPorts) -> dict[str, str]:
         "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ports.side_channel(role)),
         "VLLM_CPU_OMP_THREADS_BIND": OMP_BIND[role],
         "BOOMERANG_KV_CPUS": OMP_BIND[role],
-        "BOOMERANG_SHM_BUSY_LOOP_S": "0",
         "PYTHONSAFEPATH": "1",
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",

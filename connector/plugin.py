@@ -10,8 +10,7 @@ How: vLLM calls `register()` in every process at start-up (entry point group
 `vllm.general_plugins`). In the API server it wraps the chat and completion stream generators:
 the engine's `RequestOutput`s are observed on their way in (the last non-empty
 `kv_transfer_params` is kept), and each outgoing SSE event whose choices finished gets the field.
-It also applies three CPU fixes measured on the CPU build (`nixl_quiet`, `cpu_pinning`,
-`shm_spin`).
+It also applies two CPU fixes measured on the CPU build (`nixl_quiet`, `cpu_pinning`).
 
 Events are rewritten only when the request asked for KV transfer (the engine then returns
 params); everything else passes through untouched. On vLLM >= 0.33, or when the serving modules
@@ -117,14 +116,12 @@ def register() -> None:
         import vllm
     except ImportError:  # not inside a vLLM process
         return
-    from boomerang.connector import cpu_pinning, nixl_quiet, shm_spin
+    from boomerang.connector import cpu_pinning, nixl_quiet
 
     if nixl_quiet.apply():
         logger.debug("boomerang: NIXL progress thread delay raised")
     if cpu_pinning.apply():
         logger.debug("boomerang: KV transfer thread pinned per BOOMERANG_KV_CPUS")
-    if shm_spin.apply():
-        logger.debug("boomerang: worker spin window set per BOOMERANG_SHM_BUSY_LOOP_S")
     _patch_streams(getattr(vllm, "__version__", "0"))
 
 

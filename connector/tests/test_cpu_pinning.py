@@ -22,12 +22,3 @@ def test_bad_core_lists_are_refused_clearly(raw: str) -> None:
     with pytest.raises(ValueError, match=ENV_KV_CPUS):
         kv_cpus({ENV_KV_CPUS: raw})
 
-
-def test_spin_window_is_parsed_and_bad_values_refused() -> None:
-    from boomerang.connector.shm_spin import ENV_BUSY_LOOP, busy_loop_s
-
-    assert busy_loop_s({}) is None
-    assert busy_loop_s({ENV_BUSY_LOOP: "0"}) == 0.0
-    for raw in ("soon", "-1"):
-        with pytest.raises(ValueError, match=ENV_BUSY_LOOP):
-            busy_loop_s({ENV_BUSY_LOOP: raw})
