@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from audit import AuditLog, write_policy
 from kube import fake_gpu_node, free_port, make_pki, port_free, wait_until, write_kubeconfig
 
 K8S_VERSION = "v1.36.2"
@@ -237,8 +238,8 @@ class Cluster:
                 # The `kubernetes` Service cannot point at loopback; nothing here needs it.
                 "--endpoint-reconciler-type=none",
                 "--enable-priority-and-fairness=false",
-                f"--audit-policy-file={self._audit_policy()}",
-                f"--audit-log-path={self.audit_log}",
+                f"--audit-policy-file={write_policy(self.workdir / 'audit-policy.json')}",
+                f"--audit-log-path={self.audit.path}",
                 "--audit-log-format=json",
                 "--profiling=false",
                 "--v=1",
@@ -252,52 +253,9 @@ class Cluster:
         wait_until("kube-apiserver /readyz", ready, timeout=90)
 
     @property
-    def audit_log(self) -> Path:
-        return self.workdir / "logs" / "audit.jsonl"
-
-    def _audit_policy(self) -> Path:
-        """Audit only ServiceAccounts' requests (the operator's), at Metadata level."""
-        path = self.workdir / "audit-policy.json"
-        policy = {
-            "apiVersion": "audit.k8s.io/v1",
-            "kind": "Policy",
-            "omitStages": ["RequestReceived"],
-            "rules": [
-                {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
-                {"level": "None"},
-            ],
-        }
-        path.write_text(json.dumps(policy))
-        return path
-
-    def audit_mark(self) -> int:
-        """A position in the audit log, for `audit_events(since=...)`."""
-        return self.audit_log.stat().st_size if self.audit_log.exists() else 0
-
-    def audit_events(self, user: str, since: int = 0) -> list[dict[str, Any]]:
-        """Audit events (ResponseComplete) of one user, after `since`."""
-        if not self.audit_log.exists():
-            return []
-        with self.audit_log.open() as log:
-            log.seek(since)
-            events = [json.loads(line) for line in log if line.strip()]
-        return [
-            e
-            for e in events
-            if e.get("user", {}).get("username") == user and e.get("stage") == "ResponseComplete"
-        ]
-
-    def audit_denials(self, user: str, since: int = 0) -> list[str]:
-        """`verb resource namespace` of every request of `user` that authorization refused.
-
-        Only the authorizer's decision counts: a 403 from admission (e.g. creating in a
-        terminating namespace) is not a missing permission.
-        """
-        return [
-            f"{e['verb']} {_resource(e)} {e.get('objectRef', {}).get('namespace', '')}"
-            for e in self.audit_events(user, since)
-            if (e.get("annotations") or {}).get("authorization.k8s.io/decision") == "forbid"
-        ]
+    def audit(self) -> AuditLog:
+        """What ServiceAccounts (the operator) asked of the API server, and what was denied."""
+        return AuditLog(self.workdir / "logs" / "audit.jsonl")
 
     def _start_controllers(self) -> None:
         pki = self.workdir / "pki"
@@ -438,15 +396,6 @@ class Cluster:
         ).stdout.strip()
         write_kubeconfig(path, self.server, self.ca_file, token, f"{namespace}-{name}", namespace)
         return path
-
-
-def _resource(event: dict[str, Any]) -> str:
-    ref = event.get("objectRef", {})
-    group = ref.get("apiGroup", "")
-    resource = ref.get("resource", "") + (
-        f"/{ref['subresource']}" if ref.get("subresource") else ""
-    )
-    return f"{resource}.{group}" if group else resource
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -96,12 +96,12 @@ def test_a_denied_request_shows_in_the_audit_log(
     kubeconfig = cluster.service_account_kubeconfig(
         chart, SERVICE_ACCOUNT, tmp_path / "sa.kubeconfig", duration="10m"
     )
-    mark = cluster.audit_mark()
+    mark = cluster.audit.mark()
     result = cluster.kubectl("get", "secrets", "-n", "default", kubeconfig=kubeconfig, check=False)
     assert result.returncode != 0 and "forbidden" in result.stderr
     denied = wait_until(
         "the denial in the audit log",
-        lambda: cluster.audit_denials(operator_user(), since=mark),
+        lambda: cluster.audit.denials(operator_user(), since=mark),
         timeout=10,
     )
     assert denied == ["list secrets default"]

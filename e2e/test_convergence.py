@@ -18,6 +18,7 @@ from suite import StatusWatch, apply, example, patched, pods, wait_ready
 pytestmark = pytest.mark.cluster
 CONFIG_HASH = "boomerang.dev/config-hash"
 ENGINE_REVISION = "boomerang.dev/engine-revision"
+EVENT_DEADLINE_S = 20
 
 
 def _engine_pods(cluster: Cluster, namespace: str, name: str) -> dict[str, dict[str, Any]]:
@@ -73,6 +74,24 @@ def test_scaling_decode_converges_to_the_new_count(
     after = _engine_pods(cluster, namespace, name)
     assert len(after) == 4
     assert set(before) <= set(after), "scaling replaced pods it should have kept"
+
+
+def test_scale_changes_reach_ready_from_events_not_the_repair_timer(
+    cluster: Cluster, namespace: str, ready_minimal: dict[str, Any]
+) -> None:
+    """Ready must follow the workloads' own events. The repair timer (60s) would also get
+    there eventually; a deadline well under it catches a lost or stale status write."""
+    name = ready_minimal["metadata"]["name"]
+    manifest = ready_minimal
+    for cycle in range(4):
+        for replicas in (2, 1):
+            manifest = patched(manifest, "spec.decode.replicas", replicas)
+            apply(cluster, manifest, namespace)
+            dd = wait_ready(cluster, namespace, name, timeout=EVENT_DEADLINE_S)
+            decode = dd["status"]["decode"]
+            # Ready may be reported while a surplus pod is still terminating after scale-down.
+            assert decode["desired"] == replicas, f"cycle {cycle}: {decode}"
+            assert decode["ready"] >= replicas, f"cycle {cycle}: {decode}"
 
 
 @pytest.mark.parametrize(

@@ -81,7 +81,7 @@ def test_sample_reconciles_to_ready_children(
     manifest = example(sample)
     name = manifest["metadata"]["name"]
     spec = DisaggregatedDeployment.model_validate(manifest).spec
-    audit_mark = cluster.audit_mark()
+    audit_mark = cluster.audit.mark()
     apply(cluster, manifest, namespace)
     dd = wait_ready(cluster, namespace, name, timeout=120)
 
@@ -122,5 +122,5 @@ def test_sample_reconciles_to_ready_children(
     assert len([p for p in running if is_true(p, "Ready")]) == total
 
     # The chart granted enough: not one of the operator's requests was denied.
-    denied = cluster.audit_denials(operator_user(), since=audit_mark)
+    denied = cluster.audit.denials(operator_user(), since=audit_mark)
     assert not denied, f"operator requests denied by RBAC: {denied}"
