@@ -34,9 +34,10 @@ from boomerang.router.store import MemoryStore
 from boomerang.router.testing import EngineSpec, Fabric, FakeEngine
 from boomerang.router.validation import validate
 
-LEVELS = ((1, 100), (64, 8), (256, 4))
-"""(concurrent conversations, turns each per round)."""
-ROUNDS = 3
+LEVELS = ((1, 8, 25), (64, 8, 1), (256, 4, 1))
+"""(concurrent conversations, turns each, waves) per round: short conversations everywhere, so
+the levels differ in concurrency only (a long history adds JSON work per turn, see README)."""
+ROUNDS = 2
 
 
 def _free_port() -> int:
@@ -105,15 +106,22 @@ async def _conversation(
         history = [*history, reply, {"role": "user", "content": f"turn {turn} follow-up"}]
 
 
-async def _level(target: dict[str, str], conc: int, turns: int) -> tuple[list[float], float]:
+async def _level(
+    target: dict[str, str], conc: int, turns: int, waves: int
+) -> tuple[list[float], float]:
+    """`waves` batches, one after the other, of `conc` concurrent conversations."""
     latencies: list[float] = []
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         await _conversation(session, target, "warmup", 3, [])
         start = time.perf_counter()
-        await asyncio.gather(
-            *(_conversation(session, target, f"c{i}", turns, latencies) for i in range(conc))
-        )
+        for wave in range(waves):
+            await asyncio.gather(
+                *(
+                    _conversation(session, target, f"w{wave}c{i}", turns, latencies)
+                    for i in range(conc)
+                )
+            )
         wall = time.perf_counter() - start
     return latencies, wall
 
@@ -230,14 +238,14 @@ def _run_table(p_port: int, d_port: int, r_port: int, router_pid: int) -> None:
         "| added p50/p99 ms | router turns/s | router CPU ms/turn |"
     )
     print("|---|---|---|---|---|---|---|")
-    for conc, turns in LEVELS:
+    for conc, turns, waves in LEVELS:
         # Alternate short rounds so both modes see the same background load (shared machine).
         d_lat, r_lat, wall, cpu = [], [], 0.0, 0.0
         for _ in range(ROUNDS):
-            lat, _ = asyncio.run(_level(direct, conc, turns))
+            lat, _ = asyncio.run(_level(direct, conc, turns, waves))
             d_lat += lat
             cpu_before = _cpu_seconds(router_pid)
-            lat, seconds = asyncio.run(_level(routed, conc, turns))
+            lat, seconds = asyncio.run(_level(routed, conc, turns, waves))
             cpu += _cpu_seconds(router_pid) - cpu_before
             r_lat += lat
             wall += seconds
