@@ -71,6 +71,7 @@ class Turn:
     outcome: str = "miss"
     prompt_ids: list[int] | None = None
     first_sent: bool = False
+    decode_url: str | None = None
 
     def spend_handle(self) -> None:
         """P saw the attached handle: it must never be offered again."""
@@ -98,11 +99,25 @@ class Router:
         try:
             turn.p_ep = self._pick_prefill(set())
             await self._claim(turn)
-            p_params, p_ep = await self._prefill(turn, turn.p_ep)
-            return await self._decode(request, turn, p_params, p_ep)
+            p_params, turn.p_ep = await self._prefill(turn, turn.p_ep)
+            return await self._decode(request, turn, p_params, turn.p_ep)
         finally:
             await self._return_unused(turn)
             self.metrics.reuse.labels(turn.outcome).inc()
+            if log.isEnabledFor(logging.INFO):
+                log.info("Served turn", extra=self._summary(turn))
+
+    def _summary(self, turn: Turn) -> dict[str, Any]:
+        return {
+            "kind": turn.req.kind,
+            "stream": turn.req.stream,
+            "reuse": turn.outcome,
+            "prefill": getattr(turn.p_ep, "url", None),
+            "decode": turn.decode_url,
+            "holder": turn.holder,
+            "prompt_tokens": len(turn.prompt_ids) if turn.prompt_ids is not None else None,
+            "seconds": round(time.perf_counter() - turn.started, 4),
+        }
 
     # -- reuse ------------------------------------------------------------------------------
 
@@ -319,6 +334,7 @@ class Router:
     async def _decode_once(
         self, request: web.Request, turn: Turn, p_params: dict[str, Any], d_ep: Endpoint
     ) -> web.StreamResponse:
+        turn.decode_url = d_ep.url
         mode = decode_mode(turn.req.stream, d_ep, self.config, time.time())
         body = protocol.decode_request(turn.req.body, p_params, stream=mode == "stream")
         start = time.perf_counter()
