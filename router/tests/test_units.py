@@ -221,3 +221,19 @@ async def test_memory_store_is_bounded_by_size_and_sweeps_expired_handles() -> N
     assert (await store.take(bytes([4]), 200.0))[0] == "expired"
     assert store.sweep(103.0 + EXPIRED_GRACE_S) == 2
     assert await store.size() == 0
+
+
+def test_json_logs_carry_the_request_id_and_extras() -> None:
+    import logging
+
+    from boomerang.router.logs import JsonFormatter, new_request_id, request_id
+
+    token = request_id.set(new_request_id("req-42"))
+    try:
+        record = logging.makeLogRecord({"msg": "Served turn", "levelname": "INFO"})
+        record.reuse = "hit"
+        line = json.loads(JsonFormatter().format(record))
+    finally:
+        request_id.reset(token)
+    assert line["request_id"] == "req-42" and line["reuse"] == "hit"
+    assert new_request_id("bad id with spaces\n") != "bad id with spaces\n"
