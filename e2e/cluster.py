@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import ssl
 import subprocess
@@ -109,7 +110,7 @@ class Cluster:
     workdir: Path
     binaries: Path = field(default_factory=bin_dir)
     nodes: int = 4
-    token: str = "boomerang-e2e-admin-token"
+    token: str = field(default_factory=lambda: secrets.token_hex(16))  # the admin's bearer token
     port: int = 0
     etcd_port: int = 0
     procs: dict[str, _Proc] = field(default_factory=dict)
