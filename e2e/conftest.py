@@ -47,8 +47,7 @@ def chart(cluster: Cluster) -> str:
 
 
 @pytest.fixture(scope="session")
-def operator(cluster: Cluster, chart: str) -> Iterator[OperatorProcess]:
-    """The operator, authenticated as the chart's ServiceAccount (RBAC enforced)."""
+def operator_session(cluster: Cluster, chart: str) -> Iterator[OperatorProcess]:
     kubeconfig = cluster.service_account_kubeconfig(
         chart, "boomerang-operator", cluster.workdir / "operator.kubeconfig"
     )
@@ -56,6 +55,15 @@ def operator(cluster: Cluster, chart: str) -> Iterator[OperatorProcess]:
     proc.start()
     yield proc
     proc.stop()
+
+
+@pytest.fixture
+def operator(operator_session: OperatorProcess) -> OperatorProcess:
+    """The operator, authenticated as the chart's ServiceAccount (RBAC enforced); a test that
+    killed it and failed before restarting it does not take the next tests down with it."""
+    if not operator_session.alive():
+        operator_session.start()
+    return operator_session
 
 
 @pytest.fixture

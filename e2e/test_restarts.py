@@ -61,8 +61,8 @@ def test_operator_killed_mid_reconcile_converges_without_duplicates(
     )
     operator.kill()
     at_kill = _owned_count(cluster, namespace)
-    assert at_kill < len(NAMES) * RACED_EACH, "the operator finished before it could be interrupted"
     operator.start()
+    assert at_kill < len(NAMES) * RACED_EACH, "the operator finished before it could be interrupted"
     for name in NAMES:
         dd = wait_ready(cluster, namespace, name, timeout=120)
         kids = list(children(cluster, namespace, name).values())
