@@ -2,7 +2,9 @@
 
 - the resource itself (create, update, resume) and a repair timer: full `reconcile()`;
 - its StatefulSets and Deployment changing (pods becoming ready, rollouts): `refresh_status()`;
-- any child deleted: full `reconcile()` of its owner, so drift is repaired at once.
+- any child deleted, or edited by someone else: full `reconcile()` of its owner, so drift is
+  repaired at once rather than at the next timer tick.
+Status is computed and written under a per-resource lock from fresh reads (see reconcile.py).
 Progress and diff-base live in annotations, and handlers return nothing, so the status
 subresource holds only the fields the CRD declares.
 """
@@ -34,6 +36,7 @@ _CHILD_KINDS = [
 ]
 _MANAGED = {"app.kubernetes.io/managed-by": render.MANAGER}
 _kube: Kube | None = None
+_locks = reconcile.KeyedLocks()
 
 
 def kube() -> Kube:
@@ -68,7 +71,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 @kopf.on.update(api.GROUP, api.VERSION, api.PLURAL)
 @kopf.timer(api.GROUP, api.VERSION, api.PLURAL, interval=REPAIR_INTERVAL_S, idle=10)
 def reconcile_resource(body: kopf.Body, **_: Any) -> None:
-    outcome = reconcile.reconcile(body, kube(), _now())
+    if body.metadata.get("deletionTimestamp"):
+        return
+    outcome = reconcile.reconcile(body, kube(), _now(), _locks)
     _post(body, outcome)
 
 
@@ -77,29 +82,30 @@ def _owner(namespace: str, labels: Mapping[str, str]) -> dict[str, Any] | None:
     if not name:
         return None
     owner: dict[str, Any] | None = kube().get(api.API_VERSION, api.KIND, namespace, name)
+    if owner is None or owner["metadata"].get("deletionTimestamp"):
+        return None
     return owner
 
 
-def on_workload_event(event: kopf.RawEvent, **_: Any) -> None:
+def on_child_event(event: kopf.RawEvent, **_: Any) -> None:
+    """A child was deleted or edited by someone else: converge now. A workload's own progress
+    (pods becoming ready, rollouts) only refreshes status."""
     obj = event["object"]
-    meta = obj.get("metadata", {})
-    owner = _owner(meta.get("namespace", ""), meta.get("labels") or {})
-    if owner is None or owner["metadata"].get("deletionTimestamp"):
+    kind, meta = obj.get("kind"), obj.get("metadata", {})
+    drifted = event["type"] == "DELETED" or (
+        event["type"] == "MODIFIED" and reconcile.edited_by_others(obj)
+    )
+    workload = kind in ("StatefulSet", "Deployment")
+    if not drifted and not workload:
         return
-    if event["type"] == "DELETED":
-        outcome = reconcile.reconcile(owner, kube(), _now())
+    owner = _owner(meta.get("namespace", ""), meta.get("labels") or {})
+    if owner is None:
+        return
+    if drifted:
+        outcome = reconcile.reconcile(owner, kube(), _now(), _locks)
     else:
-        outcome = reconcile.refresh_status(owner, kube(), _now())
+        outcome = reconcile.refresh_status(owner, kube(), _now(), _locks)
     _post(owner, outcome)
-
-
-def on_child_deleted(event: kopf.RawEvent, **_: Any) -> None:
-    if event["type"] != "DELETED":
-        return
-    meta = event["object"].get("metadata", {})
-    owner = _owner(meta.get("namespace", ""), meta.get("labels") or {})
-    if owner is not None and not owner["metadata"].get("deletionTimestamp"):
-        _post(owner, reconcile.reconcile(owner, kube(), _now()))
 
 
 def _register(group: str, version: str, plural: str, fn: Callable[..., None]) -> None:
@@ -107,5 +113,4 @@ def _register(group: str, version: str, plural: str, fn: Callable[..., None]) ->
 
 
 for _group, _version, _plural in _CHILD_KINDS:
-    workload = _plural in ("statefulsets", "deployments")
-    _register(_group, _version, _plural, on_workload_event if workload else on_child_deleted)
+    _register(_group, _version, _plural, on_child_event)

@@ -1,8 +1,8 @@
 """One idempotent reconcile for create, update, resume and the repair timer.
 
 Level-based, as kopf and controller-runtime recommend: read the whole desired state, apply every
-child with server-side apply (correcting any drift), read the workloads' state back from the
-apply responses, compute status, and write it only when it changed. Nothing here branches on
+child with server-side apply (correcting any drift), then read the resource and its workloads
+fresh, compute status, and write it only when it changed. Nothing here branches on
 "was this a create or an update". The kopf wiring in `handlers.py` calls these functions and
 emits the events they return.
 """
@@ -10,6 +10,7 @@ emits the events they return.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,7 @@ from pydantic import ValidationError
 
 from boomerang.connector.config import ROLES
 from boomerang.operator import render
-from boomerang.operator.api import DisaggregatedDeployment
+from boomerang.operator.api import API_VERSION, KIND, DisaggregatedDeployment
 from boomerang.operator.children import desired_children
 from boomerang.operator.kube import KubeAPI, KubeError
 from boomerang.operator.status import compute_status, condition_changes
@@ -37,46 +38,92 @@ class Outcome:
     written: bool = False
 
 
-def _workload_component(obj: Mapping[str, Any]) -> str | None:
-    if obj.get("kind") in ("StatefulSet", "Deployment"):
-        return str(obj["metadata"]["labels"][render.LABEL_ROLE])
-    return None
-
-
-def reconcile(body: Mapping[str, Any], kube: KubeAPI, now: str) -> Outcome:
-    """Converge every child of one resource and write its status."""
-    previous = body.get("status") or {}
+def reconcile(
+    body: Mapping[str, Any], kube: KubeAPI, now: str, locks: KeyedLocks | None = None
+) -> Outcome:
+    """Converge every child of one resource, then write its status from fresh reads."""
     try:
         dd = DisaggregatedDeployment.model_validate(dict(body))
     except ValidationError as exc:
         return _invalid(body, kube, now, exc)
-    observed: dict[str, Mapping[str, Any] | None] = {}
     error = None
     for obj in desired_children(dd):
         kind, name = obj["kind"], obj["metadata"]["name"]
         try:
-            applied = kube.apply(obj)
+            kube.apply(obj)
         except KubeError as exc:
+            if _namespace_terminating(exc):
+                log.info("Skipped reconcile name=%s reason=namespace terminating", dd.name)
+                return Outcome(status=dict(body.get("status") or {}))
             log.warning("Failed to apply %s name=%s reason=%s", kind, name, exc.reason)
             error = error or f"applying {kind} {name}: {exc.reason}"
-            continue
-        component = _workload_component(obj)
-        if component:
-            observed[component] = applied
-    return _finish(dd, observed, previous, kube, now, error)
+    return refresh_status(body, kube, now, locks, error=error, full=True)
 
 
-def refresh_status(body: Mapping[str, Any], kube: KubeAPI, now: str) -> Outcome:
-    """Recompute status from the workloads alone (on their events), applying nothing."""
-    previous = body.get("status") or {}
-    dd = DisaggregatedDeployment.model_validate(dict(body))
-    observed: dict[str, Mapping[str, Any] | None] = {}
-    for component in (*ROLES, "router"):
-        kind = "Deployment" if component == "router" else "StatefulSet"
-        name = render.child_name(dd, component)
-        observed[component] = kube.get("apps/v1", kind, dd.namespace, name)
-    error = _last_error(previous)
-    return _finish(dd, observed, previous, kube, now, error)
+def refresh_status(
+    body: Mapping[str, Any],
+    kube: KubeAPI,
+    now: str,
+    locks: KeyedLocks | None = None,
+    *,
+    error: str | None = None,
+    full: bool = False,
+) -> Outcome:
+    """Recompute status from fresh reads of the resource and its workloads, and write it.
+
+    Reads and the write happen under the resource's lock, so concurrent handlers (a reconcile
+    and a workload event) cannot land a status computed from older reads after a newer one.
+    A full reconcile passes its own `error` (None clears a past failure); an event-driven
+    refresh keeps the last reconcile's failure visible.
+    """
+    meta = body.get("metadata", {})
+    namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name"))
+    with (locks or KeyedLocks()).hold(namespace, name):
+        owner = kube.get(API_VERSION, KIND, namespace, name)
+        if owner is None or owner.get("metadata", {}).get("deletionTimestamp"):
+            return Outcome(status={})
+        dd = DisaggregatedDeployment.model_validate(owner)
+        previous = owner.get("status") or {}
+        observed: dict[str, Mapping[str, Any] | None] = {}
+        for component in (*ROLES, "router"):
+            kind = "Deployment" if component == "router" else "StatefulSet"
+            child = render.child_name(dd, component)
+            observed[component] = kube.get("apps/v1", kind, dd.namespace, child)
+        if not full:
+            error = _last_error(previous)
+        return _finish(dd, observed, previous, kube, now, error)
+
+
+class KeyedLocks:
+    """One lock per resource, created on first use (handlers run in a thread pool)."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[tuple[str, str], threading.Lock] = {}
+
+    def hold(self, namespace: str, name: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault((namespace, name), threading.Lock())
+
+
+def _namespace_terminating(exc: KubeError) -> bool:
+    return exc.status == 403 and "being terminated" in exc.reason
+
+
+def edited_by_others(obj: Mapping[str, Any]) -> bool:
+    """True when the newest change to a child's spec was made by someone other than us.
+
+    Server-side apply records who last touched each object; status writes by controllers are
+    recorded per subresource and ignored here. Our own no-op applies record nothing, so
+    repairing an edit ends the chain of events.
+    """
+    entries = [
+        e for e in obj.get("metadata", {}).get("managedFields") or [] if not e.get("subresource")
+    ]
+    if not entries:
+        return False
+    newest = max(entries, key=lambda e: str(e.get("time", "")))
+    return bool(newest.get("manager") != render.MANAGER)
 
 
 def _last_error(previous: Mapping[str, Any]) -> str | None:

@@ -116,9 +116,10 @@ def _template_kwargs(b: dict[str, Any]) -> dict[str, Any]:
 def known_prompt_ids(req: ClientRequest) -> list[int] | None:
     """A completion prompt given as token ids needs no tokenizer."""
     prompt = req.body.get("prompt")
-    is_list = req.kind == "completion" and isinstance(prompt, list) and bool(prompt)
-    if is_list and all(isinstance(t, int) for t in prompt):
-        return list(prompt)
+    if req.kind != "completion" or not isinstance(prompt, list) or not prompt:
+        return None
+    if all(isinstance(t, int) for t in prompt):
+        return [int(t) for t in prompt]
     return None
 
 

@@ -35,7 +35,7 @@ class RedisStore:
         if raw is None:
             return "missing", None
         try:
-            handle = Handle.decode(raw)
+            handle = Handle.decode(raw if isinstance(raw, bytes) else raw.encode("latin-1"))
         except ValueError:
             return "missing", None
         if handle.expires_at <= now:

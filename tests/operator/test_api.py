@@ -39,11 +39,7 @@ def test_every_cross_field_rule_has_an_invalid_case() -> None:
         except ValidationError as exc:
             messages.append(str(exc))
     for rule in RULES:
-        # A rule that the field's own type already enforces (the connector enum) is covered by
-        # a case rejected for that field; the CEL rule stays for when the enum grows.
-        leaf = rule.field_path.rsplit(".", 1)[-1]
-        covered = any(rule.message in m or f"{leaf}\n" in m for m in messages)
-        assert covered, f"no invalid case for: {rule.message}"
+        assert any(rule.message in m for m in messages), f"no invalid case for: {rule.message}"
 
 
 def test_defaults_follow_vllm_and_the_issue() -> None:

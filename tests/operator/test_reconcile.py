@@ -9,7 +9,7 @@ from typing import Any
 from dd_testing import manifest
 
 from boomerang.operator.kube import KubeError
-from boomerang.operator.reconcile import reconcile, refresh_status
+from boomerang.operator.reconcile import edited_by_others, reconcile, refresh_status
 
 NOW = "2026-01-01T00:00:00Z"
 
@@ -17,7 +17,8 @@ NOW = "2026-01-01T00:00:00Z"
 class MemoryKube:
     """Stores applied objects; workloads report all replicas ready once `ready` is set."""
 
-    def __init__(self, fail_kind: str | None = None) -> None:
+    def __init__(self, owner: dict[str, Any], fail_kind: str | None = None) -> None:
+        self.owner = owner
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.status_writes: list[dict[str, Any]] = []
         self.fail_kind = fail_kind
@@ -40,11 +41,14 @@ class MemoryKube:
         return obj
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        if kind == "DisaggregatedDeployment":
+            return copy.deepcopy(self.owner)
         obj = self.objects.get((kind, name))
         return self._with_status(obj) if obj else None
 
     def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         self.status_writes.append(copy.deepcopy(dict(status)))
+        self.owner["status"] = copy.deepcopy(dict(status))
 
 
 def body(status: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -56,8 +60,8 @@ def body(status: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 def test_first_reconcile_applies_every_child_and_reports_progress() -> None:
-    kube = MemoryKube()
-    outcome = reconcile(body(), kube, NOW)
+    kube = MemoryKube(body())
+    outcome = reconcile(kube.owner, kube, NOW)
     kinds = sorted(kind for kind, _ in kube.objects)
     assert kinds.count("StatefulSet") == 2 and kinds.count("PodDisruptionBudget") == 3
     assert len(kube.objects) == 14
@@ -67,29 +71,29 @@ def test_first_reconcile_applies_every_child_and_reports_progress() -> None:
 
 
 def test_reconcile_is_idempotent_and_does_not_rewrite_unchanged_status() -> None:
-    kube = MemoryKube()
+    kube = MemoryKube(body())
     kube.ready = True
-    first = reconcile(body(), kube, NOW)
-    second = reconcile(body(first.status), kube, "2026-01-01T00:05:00Z")
+    reconcile(kube.owner, kube, NOW)
+    second = reconcile(kube.owner, kube, "2026-01-01T00:05:00Z")
     assert not second.written
     assert second.events == []
     assert len(kube.status_writes) == 1
 
 
 def test_deleted_child_is_recreated_by_the_next_reconcile() -> None:
-    kube = MemoryKube()
-    reconcile(body(), kube, NOW)
+    kube = MemoryKube(body())
+    reconcile(kube.owner, kube, NOW)
     del kube.objects[("StatefulSet", "minimal-decode")]
-    reconcile(body(), kube, NOW)
+    reconcile(kube.owner, kube, NOW)
     assert ("StatefulSet", "minimal-decode") in kube.objects
 
 
 def test_workload_readiness_flows_into_status_without_applying() -> None:
-    kube = MemoryKube()
-    first = reconcile(body(), kube, NOW)
+    kube = MemoryKube(body())
+    reconcile(kube.owner, kube, NOW)
     kube.ready = True
     applied_before = dict(kube.objects)
-    outcome = refresh_status(body(first.status), kube, NOW)
+    outcome = refresh_status(kube.owner, kube, NOW)
     assert kube.objects == applied_before
     ready = next(c for c in outcome.status["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "True"
@@ -97,8 +101,8 @@ def test_workload_readiness_flows_into_status_without_applying() -> None:
 
 
 def test_a_failing_child_degrades_status_and_the_rest_still_apply() -> None:
-    kube = MemoryKube(fail_kind="NetworkPolicy")
-    outcome = reconcile(body(), kube, NOW)
+    kube = MemoryKube(body(), fail_kind="NetworkPolicy")
+    outcome = reconcile(kube.owner, kube, NOW)
     degraded = next(c for c in outcome.status["conditions"] if c["type"] == "Degraded")
     assert degraded["status"] == "True" and "NetworkPolicy" in degraded["message"]
     assert ("StatefulSet", "minimal-prefill") in kube.objects
@@ -106,10 +110,68 @@ def test_a_failing_child_degrades_status_and_the_rest_still_apply() -> None:
 
 
 def test_invalid_spec_is_reported_in_status_not_raised() -> None:
-    kube = MemoryKube()
     bad = body()
+    kube = MemoryKube(bad)
     bad["spec"]["kvTransfer"] = {"recomputeThreshold": -5}
     outcome = reconcile(bad, kube, NOW)
     assert kube.objects == {}
     degraded = next(c for c in outcome.status["conditions"] if c["type"] == "Degraded")
     assert degraded["reason"] == "InvalidSpec" and "recomputeThreshold" in degraded["message"]
+
+
+def test_status_is_computed_from_fresh_reads_not_the_callers_stale_copy() -> None:
+    kube = MemoryKube(body())
+    stale = copy.deepcopy(kube.owner)
+    reconcile(kube.owner, kube, NOW)
+    kube.ready = True
+    refresh_status(kube.owner, kube, NOW)
+    # A handler still holding the pre-ready body must not write "not ready" back.
+    outcome = refresh_status(stale, kube, NOW)
+    ready = next(c for c in outcome.status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "True"
+    assert not outcome.written
+
+
+def test_an_event_refresh_keeps_a_reconcile_failure_until_a_reconcile_clears_it() -> None:
+    kube = MemoryKube(body(), fail_kind="NetworkPolicy")
+    reconcile(kube.owner, kube, NOW)
+    refreshed = refresh_status(kube.owner, kube, NOW)
+    degraded = next(c for c in refreshed.status["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "ReconcileFailed"
+    kube.fail_kind = None
+    healed = reconcile(kube.owner, kube, NOW)
+    degraded = next(c for c in healed.status["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "False"
+
+
+def test_a_terminating_namespace_stops_the_reconcile_quietly() -> None:
+    kube = MemoryKube(body())
+
+    def refuse(obj: Mapping[str, Any]) -> dict[str, Any]:
+        raise KubeError(
+            "unable to create new content in namespace team-a because it is being terminated", 403
+        )
+
+    kube.apply = refuse  # type: ignore[method-assign]
+    outcome = reconcile(kube.owner, kube, NOW)
+    assert outcome.events == [] and kube.status_writes == []
+
+
+def _managed(*entries: tuple[str, str, str | None]) -> dict[str, Any]:
+    fields = [
+        {"manager": m, "time": t, **({"subresource": sub} if sub else {})} for m, t, sub in entries
+    ]
+    return {"metadata": {"managedFields": fields}}
+
+
+def test_edits_by_others_are_told_apart_from_our_applies_and_status_writes() -> None:
+    ours, later = "2026-01-01T00:00:00Z", "2026-01-01T00:00:09Z"
+    assert edited_by_others(
+        _managed(("boomerang-operator", ours, None), ("kubectl-edit", later, None))
+    )
+    assert not edited_by_others(
+        _managed(("kubectl-edit", ours, None), ("boomerang-operator", later, None))
+    )
+    assert not edited_by_others(
+        _managed(("boomerang-operator", ours, None), ("kube-controller-manager", later, "status"))
+    )
