@@ -36,7 +36,7 @@ _CHILD_KINDS = [
 ]
 _MANAGED = {"app.kubernetes.io/managed-by": render.MANAGER}
 _kube: Kube | None = None
-_locks = reconcile.KeyedLocks()
+_gate = reconcile.StatusGate()
 
 
 def kube() -> Kube:
@@ -63,7 +63,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Only warnings from kopf itself become events; our own events are posted explicitly.
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
-    settings.execution.max_workers = 8
+    settings.execution.max_workers = 16
 
 
 @kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL)
@@ -73,7 +73,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 def reconcile_resource(body: kopf.Body, **_: Any) -> None:
     if body.metadata.get("deletionTimestamp"):
         return
-    outcome = reconcile.reconcile(body, kube(), _now(), _locks)
+    outcome = reconcile.reconcile(body, kube(), _now(), _gate)
     _post(body, outcome)
 
 
@@ -102,9 +102,9 @@ def on_child_event(event: kopf.RawEvent, **_: Any) -> None:
     if owner is None:
         return
     if drifted:
-        outcome = reconcile.reconcile(owner, kube(), _now(), _locks)
+        outcome = reconcile.reconcile(owner, kube(), _now(), _gate)
     else:
-        outcome = reconcile.refresh_status(owner, kube(), _now(), _locks)
+        outcome = reconcile.refresh_status(owner, kube(), _now(), _gate)
     _post(owner, outcome)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +39,7 @@ class Outcome:
 
 
 def reconcile(
-    body: Mapping[str, Any], kube: KubeAPI, now: str, locks: KeyedLocks | None = None
+    body: Mapping[str, Any], kube: KubeAPI, now: str, gate: StatusGate | None = None
 ) -> Outcome:
     """Converge every child of one resource, then write its status from fresh reads."""
     try:
@@ -57,14 +57,14 @@ def reconcile(
                 return Outcome(status=dict(body.get("status") or {}))
             log.warning("Failed to apply %s name=%s reason=%s", kind, name, exc.reason)
             error = error or f"applying {kind} {name}: {exc.reason}"
-    return refresh_status(body, kube, now, locks, error=error, full=True)
+    return refresh_status(body, kube, now, gate, error=error, full=True)
 
 
 def refresh_status(
     body: Mapping[str, Any],
     kube: KubeAPI,
     now: str,
-    locks: KeyedLocks | None = None,
+    gate: StatusGate | None = None,
     *,
     error: str | None = None,
     full: bool = False,
@@ -73,41 +73,79 @@ def refresh_status(
 
     Reads and the write happen under the resource's lock, so concurrent handlers (a reconcile
     and a workload event) cannot land a status computed from older reads after a newer one.
-    A full reconcile passes its own `error` (None clears a past failure); an event-driven
-    refresh keeps the last reconcile's failure visible.
+    A full reconcile records its own `error` (None clears a past failure); an event-driven
+    refresh shows the last reconcile's.
     """
     meta = body.get("metadata", {})
-    namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name"))
-    with (locks or KeyedLocks()).hold(namespace, name):
-        owner = kube.get(API_VERSION, KIND, namespace, name)
-        if owner is None or owner.get("metadata", {}).get("deletionTimestamp"):
-            return Outcome(status={})
-        dd = DisaggregatedDeployment.model_validate(owner)
-        previous = owner.get("status") or {}
-        observed: dict[str, Mapping[str, Any] | None] = {}
-        for component in (*ROLES, "router"):
-            kind = "Deployment" if component == "router" else "StatefulSet"
-            child = render.child_name(dd, component)
-            observed[component] = kube.get("apps/v1", kind, dd.namespace, child)
-        if not full:
-            error = _last_error(previous)
-        return _finish(dd, observed, previous, kube, now, error)
+    key = (str(meta.get("namespace") or "default"), str(meta.get("name")))
+    gate = gate or StatusGate()
+    if full:
+        gate.errors[key] = error
+    outcome = gate.run_once(key, lambda: _refresh(key, kube, now, gate))
+    return outcome or Outcome(status={})
 
 
-class KeyedLocks:
-    """One lock per resource, created on first use (handlers run in a thread pool)."""
+def _refresh(key: tuple[str, str], kube: KubeAPI, now: str, gate: StatusGate) -> Outcome:
+    namespace, name = key
+    owner = kube.get(API_VERSION, KIND, namespace, name)
+    if owner is None or owner.get("metadata", {}).get("deletionTimestamp"):
+        return Outcome(status={})
+    dd = DisaggregatedDeployment.model_validate(owner)
+    previous = owner.get("status") or {}
+    observed: dict[str, Mapping[str, Any] | None] = {}
+    for component in (*ROLES, "router"):
+        kind = "Deployment" if component == "router" else "StatefulSet"
+        child = render.child_name(dd, component)
+        observed[component] = kube.get("apps/v1", kind, dd.namespace, child)
+    # The last full reconcile's result; after a restart, what the status last said.
+    error = gate.errors[key] if key in gate.errors else _last_error(previous)
+    return _finish(dd, observed, previous, kube, now, error)
+
+
+class StatusGate:
+    """Serialise status refreshes per resource, coalescing the ones that pile up.
+
+    Handlers run in a thread pool. A refresh requested while another runs for the same
+    resource does not wait (a blocked thread would starve the pool during event storms): it
+    marks the resource dirty and returns; the running refresh then goes round once more, so
+    the last status written is always computed after the last event arrived.
+    """
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
-        self._locks: dict[tuple[str, str], threading.Lock] = {}
+        self._running: set[tuple[str, str]] = set()
+        self._dirty: set[tuple[str, str]] = set()
+        self.errors: dict[tuple[str, str], str | None] = {}
+        """Per resource: the failure of its last full reconcile (None: it succeeded)."""
 
-    def hold(self, namespace: str, name: str) -> threading.Lock:
+    def run_once(self, key: tuple[str, str], fn: Callable[[], Outcome]) -> Outcome | None:
         with self._guard:
-            return self._locks.setdefault((namespace, name), threading.Lock())
+            if key in self._running:
+                self._dirty.add(key)
+                return None
+            self._running.add(key)
+        try:
+            while True:
+                outcome = fn()
+                with self._guard:
+                    if key not in self._dirty:
+                        self._running.discard(key)
+                        return outcome
+                    self._dirty.discard(key)
+        except BaseException:
+            with self._guard:
+                self._running.discard(key)
+                self._dirty.discard(key)
+            raise
 
 
 def _namespace_terminating(exc: KubeError) -> bool:
     return exc.status == 403 and "being terminated" in exc.reason
+
+
+# The controller-manager writes metadata of its own on our children (a Deployment's revision
+# annotation) and never a field we set: its writes are not drift.
+_OWN_OR_CONTROLLERS = {render.MANAGER, "kube-controller-manager"}
 
 
 def edited_by_others(obj: Mapping[str, Any]) -> bool:
@@ -123,7 +161,7 @@ def edited_by_others(obj: Mapping[str, Any]) -> bool:
     if not entries:
         return False
     newest = max(entries, key=lambda e: str(e.get("time", "")))
-    return bool(newest.get("manager") != render.MANAGER)
+    return bool(newest.get("manager") not in _OWN_OR_CONTROLLERS)
 
 
 def _last_error(previous: Mapping[str, Any]) -> str | None:

@@ -9,7 +9,13 @@ from typing import Any
 from dd_testing import manifest
 
 from boomerang.operator.kube import KubeError
-from boomerang.operator.reconcile import edited_by_others, reconcile, refresh_status
+from boomerang.operator.reconcile import (
+    Outcome,
+    StatusGate,
+    edited_by_others,
+    reconcile,
+    refresh_status,
+)
 
 NOW = "2026-01-01T00:00:00Z"
 
@@ -175,3 +181,22 @@ def test_edits_by_others_are_told_apart_from_our_applies_and_status_writes() -> 
     assert not edited_by_others(
         _managed(("boomerang-operator", ours, None), ("kube-controller-manager", later, "status"))
     )
+
+
+def test_refreshes_requested_while_one_runs_are_coalesced_into_one_more_round() -> None:
+    gate = StatusGate()
+    key = ("team-a", "minimal")
+    calls: list[str] = []
+
+    def slow_refresh() -> Outcome:
+        calls.append("run")
+        if len(calls) == 1:
+            # Two events arrive while the first refresh is still computing.
+            assert gate.run_once(key, lambda: Outcome(status={"x": 1})) is None
+            assert gate.run_once(key, lambda: Outcome(status={"x": 2})) is None
+        return Outcome(status={"round": len(calls)})
+
+    outcome = gate.run_once(key, slow_refresh)
+    assert calls == ["run", "run"]
+    assert outcome is not None and outcome.status == {"round": 2}
+    assert gate.run_once(key, lambda: Outcome(status={"again": 1})) is not None
