@@ -19,7 +19,8 @@ from operator_process import OperatorProcess
 from suite import DD, apply, children, example, pods, wait_ready
 
 pytestmark = pytest.mark.cluster
-REPAIR_TIMEOUT_S = 30  # edits are repaired from child events (seconds); the 60 s timer is only a fallback
+# Edits are repaired from child events within seconds; the 60 s timer is only a fallback.
+REPAIR_TIMEOUT_S = 30
 
 
 @pytest.fixture
