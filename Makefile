@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 .PHONY: print-venv dev engine tools redis check lint types test unit demo cluster crds
 
 dev: $(VENV)/.done
-$(VENV)/.done: pyproject.toml
+$(VENV)/.done:
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'

@@ -21,4 +21,3 @@ def test_core_lists_are_parsed() -> None:
 def test_bad_core_lists_are_refused_clearly(raw: str) -> None:
     with pytest.raises(ValueError, match=ENV_KV_CPUS):
         kv_cpus({ENV_KV_CPUS: raw})
-

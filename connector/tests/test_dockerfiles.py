@@ -19,7 +19,9 @@ def hadolint() -> str | None:
     return str(local) if local.exists() else shutil.which("hadolint")
 
 
-@pytest.mark.parametrize("dockerfile", ["connector/Dockerfile"])
+@pytest.mark.parametrize(
+    "dockerfile", ["connector/Dockerfile", "router/Dockerfile", "operator/Dockerfile"]
+)
 def test_dockerfile_passes_hadolint(dockerfile: str) -> None:
     binary = hadolint()
     if binary is None:
