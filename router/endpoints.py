@@ -15,6 +15,7 @@ least loaded one.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -33,6 +34,9 @@ class Endpoint:
     work: float = 0.0
     failures: int = 0
     ejected: bool = False
+    lost_at: float = 0.0
+    """Wall clock of the last ejection. An engine that went away may have restarted and lost
+    its KV: handles made before this naming it are void (see `Flow._claim`)."""
     probed_ok: bool = False
     successes_since_eject: int = 0
     version: str | None = None
@@ -81,6 +85,7 @@ class Pool:
         ep.successes_since_eject = 0
         if not ep.ejected and ep.failures >= self.eject_after:
             ep.ejected = True
+            ep.lost_at = time.time()
             return True
         return False
 

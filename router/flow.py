@@ -149,7 +149,11 @@ class Router:
         if handle is None:
             return
         turn.holder = handle.decode_url
-        if self.decode.get(handle.decode_url) is None:
+        holder = self.decode.get(handle.decode_url)
+        made_at = handle.expires_at - self.config.effective_handle_ttl_s
+        if holder is None or holder.ejected or holder.lost_at >= made_at:
+            # The pod is gone, down, or went down after D retained these blocks (a restart
+            # loses them, and vLLM 0.32's P hangs reading a restarted D): recompute.
             turn.outcome = "fallback"
             return
         turn.taken = handle

@@ -122,6 +122,8 @@ class EngineSpec:
     delay_s: float = 0.0
     fail_status: int | None = None
     """Answer completions with this HTTP status (simulates a broken engine)."""
+    healthy: bool = True
+    """False: /health answers 503 (an engine that is down or restarting)."""
     api_key: str | None = None
     """Like vLLM's --api-key: completions and tokenize need this Bearer key."""
     chunk_delay_s: float = 0.0
@@ -152,7 +154,7 @@ class FakeEngine:
         return app
 
     async def _health(self, request: web.Request) -> web.Response:
-        return web.Response(text="")
+        return web.Response(text="", status=200 if self.spec.healthy else 503)
 
     async def _version(self, request: web.Request) -> web.Response:
         return web.json_response({"version": self.spec.version})

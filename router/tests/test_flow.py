@@ -405,3 +405,28 @@ async def test_a_trusted_gateway_header_scopes_conversations(world: Any) -> None
     assert await w.reuse("hit") == 0
     await post(w, nxt, **{"X-Tenant": "a"})
     assert await w.reuse("hit") == 1
+
+
+async def test_a_decoder_that_went_down_after_the_turn_voids_its_handles(world: Any) -> None:
+    w = await world()
+    d = w.decode[0]
+    history = [{"role": "user", "content": "hello"}]
+    _, first = await post(w, chat(history, conversation_id="c"))
+    # D restarts between turns: it is down for a while and comes back without its blocks.
+    d.healthy = False
+    w.fabric.held.clear()
+    for _ in range(100):
+        if (await w.client.get("/ready")).status != 200:
+            break
+        await asyncio.sleep(0.05)
+    d.healthy = True
+    for _ in range(100):
+        if (await w.client.get("/ready")).status == 200:
+            break
+        await asyncio.sleep(0.05)
+    nxt = [*history, first["choices"][0]["message"], {"role": "user", "content": "q"}]
+    status, _ = await post(w, chat(nxt, conversation_id="c"))
+    assert status == 200
+    assert await w.reuse("fallback") == 1
+    assert await w.reuse("hit") == 0
+    assert w.fabric.violations == []
