@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import aiohttp
@@ -50,35 +52,40 @@ def timeout(total: float | None, connect: float, sock_read: float | None = None)
     return aiohttp.ClientTimeout(total=total, sock_connect=connect, sock_read=sock_read)
 
 
+@contextmanager
+def _transport_errors(timeout_message: str = "timed out") -> Iterator[None]:
+    """Turn aiohttp's transport failures into UpstreamErrors (retryable kinds)."""
+    try:
+        yield
+    except aiohttp.ClientConnectorError as exc:
+        raise UpstreamError("connect", f"cannot connect: {exc}") from None
+    except TimeoutError:
+        raise UpstreamError("timeout", timeout_message) from None
+    except aiohttp.ClientError as exc:
+        raise UpstreamError("protocol", f"connection failed: {exc!r}") from None
+
+
+async def _fetch(
+    session: aiohttp.ClientSession, method: str, url: str, limit: Any, body: Any = None
+) -> bytes:
+    """One request whose transport failures become UpstreamErrors; returns the body."""
+    with _transport_errors():
+        async with session.request(method, url, json=body, timeout=limit) as resp:
+            raw = await resp.read()
+            check_status(resp.status, raw)
+    return raw
+
+
 async def post_json(
     session: aiohttp.ClientSession, url: str, body: dict[str, Any], limit: Any
 ) -> dict[str, Any]:
     """POST a JSON body and return the JSON object answered; raises UpstreamError."""
-    try:
-        async with session.post(url, json=body, timeout=limit) as resp:
-            raw = await resp.read()
-            check_status(resp.status, raw)
-    except aiohttp.ClientConnectorError as exc:
-        raise UpstreamError("connect", f"cannot connect: {exc}") from None
-    except TimeoutError:
-        raise UpstreamError("timeout", "timed out") from None
-    except aiohttp.ClientError as exc:
-        raise UpstreamError("protocol", f"connection failed: {exc!r}") from None
-    return parse_object(raw)
+    return parse_object(await _fetch(session, "POST", url, limit, body))
 
 
 async def get_json(session: aiohttp.ClientSession, url: str, limit: Any) -> Any:
     """GET and decode JSON; raises UpstreamError."""
-    try:
-        async with session.get(url, timeout=limit) as resp:
-            raw = await resp.read()
-            check_status(resp.status, raw)
-    except aiohttp.ClientConnectorError as exc:
-        raise UpstreamError("connect", f"cannot connect: {exc}") from None
-    except TimeoutError:
-        raise UpstreamError("timeout", "timed out") from None
-    except aiohttp.ClientError as exc:
-        raise UpstreamError("protocol", f"connection failed: {exc!r}") from None
+    raw = await _fetch(session, "GET", url, limit)
     try:
         return json.loads(raw) if raw else None
     except ValueError:
@@ -96,14 +103,8 @@ async def open_stream(
 
     The caller must release the response. Raises UpstreamError.
     """
-    try:
+    with _transport_errors("no response headers in time"):
         resp = await asyncio.wait_for(session.post(url, json=body, timeout=limit), first_byte_s)
-    except aiohttp.ClientConnectorError as exc:
-        raise UpstreamError("connect", f"cannot connect: {exc}") from None
-    except TimeoutError:
-        raise UpstreamError("timeout", "no response headers in time") from None
-    except aiohttp.ClientError as exc:
-        raise UpstreamError("protocol", f"connection failed: {exc!r}") from None
     if resp.status != 200:
         try:
             raw = await resp.read()
