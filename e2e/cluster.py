@@ -58,6 +58,18 @@ def missing_binaries(directory: Path | None = None) -> list[str]:
     return [name for name in BINARIES if not os.access(directory / name, os.R_OK)]
 
 
+def stop_process(popen: subprocess.Popen[bytes] | None, sig: int, grace: float) -> None:
+    """Send `sig`, wait up to `grace` seconds, then SIGKILL; a finished process is left alone."""
+    if popen is None or popen.poll() is not None:
+        return
+    popen.send_signal(sig)
+    try:
+        popen.wait(grace)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        popen.wait()
+
+
 @dataclass
 class _Proc:
     name: str
@@ -85,15 +97,7 @@ class _Proc:
 
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after `grace` (the apiserver can linger after it stops serving)."""
-        if self.popen is None:
-            return
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(grace)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
+        stop_process(self.popen, signal.SIGTERM, grace)
         self.popen = None
 
     def tail(self, lines: int = 30) -> str:

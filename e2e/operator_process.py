@@ -16,6 +16,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cluster import stop_process
+
 
 @dataclass
 class OperatorProcess:
@@ -49,15 +51,7 @@ class OperatorProcess:
         return self.popen is not None and self.popen.poll() is None
 
     def stop(self, sig: int = signal.SIGTERM, grace: float = 20.0) -> None:
-        if self.popen is None:
-            return
-        if self.popen.poll() is None:
-            self.popen.send_signal(sig)
-            try:
-                self.popen.wait(grace)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
+        stop_process(self.popen, sig, grace)
         self.popen = None
 
     def kill(self) -> None:
