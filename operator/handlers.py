@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -108,9 +108,5 @@ def on_child_event(event: kopf.RawEvent, **_: Any) -> None:
     _post(owner, outcome)
 
 
-def _register(group: str, version: str, plural: str, fn: Callable[..., None]) -> None:
-    kopf.on.event(group, version, plural, labels=_MANAGED)(fn)
-
-
 for _group, _version, _plural in _CHILD_KINDS:
-    _register(_group, _version, _plural, on_child_event)
+    kopf.on.event(_group, _version, _plural, labels=_MANAGED)(on_child_event)
