@@ -1,6 +1,6 @@
 """The aiohttp application: routes, middlewares and the lifecycle of everything a router holds.
 
-`create_app(config)` is the only way in: no module globals, one `ClientSession` per app,
+`create_app(config)` is the only way in: no module globals, one engine client per app,
 resources (store, session, discovery watchers, health prober, expiry sweeper) opened and
 closed in `cleanup_ctx`, state under typed `AppKey`s. Tests and the local runtime start it
 in-process; `boomerang-router` runs it with `web.run_app` (with handler cancellation on, so a
@@ -24,6 +24,7 @@ from boomerang.router.config import EndpointSource, RouterConfig
 from boomerang.router.decode import ClientGone
 from boomerang.router.discovery import SliceWatcher, api_access
 from boomerang.router.endpoints import LeastWorkAffinity, Pool, Strategy
+from boomerang.router.engine_http import EngineClient
 from boomerang.router.errors import ApiError
 from boomerang.router.flow import Router
 from boomerang.router.health import probe_all, run_prober
@@ -92,11 +93,11 @@ def _lifecycle(strategy: Strategy | None, store: ConversationStore | None) -> An
             Pool("prefill", h.eject_after_failures, h.readmit_after_successes),
             Pool("decode", h.eject_after_failures, h.readmit_after_successes),
         ]
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, ttl_dns_cache=30)
         headers = {}
         if config.engine_api_key:
             headers["Authorization"] = f"Bearer {config.engine_api_key}"
-        session = aiohttp.ClientSession(connector=connector, headers=headers)
+        engines = EngineClient(headers)
+        session = aiohttp.ClientSession()  # the Kubernetes API (EndpointSlice watches)
         the_store = store or _make_store(config)
         app[ROUTER] = Router(
             config,
@@ -105,7 +106,7 @@ def _lifecycle(strategy: Strategy | None, store: ConversationStore | None) -> An
             strategy or LeastWorkAffinity(config.decode_affinity_slack),
             the_store,
             metrics,
-            session,
+            engines,
         )
         tasks = [
             t
@@ -115,8 +116,8 @@ def _lifecycle(strategy: Strategy | None, store: ConversationStore | None) -> An
             )
             if t is not None
         ]
-        await probe_all(session, pools, config, metrics)
-        tasks.append(asyncio.create_task(run_prober(session, pools, config, metrics)))
+        await probe_all(engines, pools, config, metrics)
+        tasks.append(asyncio.create_task(run_prober(engines, pools, config, metrics)))
         tasks.append(asyncio.create_task(_sweeper(the_store, config, metrics)))
         try:
             yield
@@ -126,6 +127,7 @@ def _lifecycle(strategy: Strategy | None, store: ConversationStore | None) -> An
             await asyncio.gather(*tasks, return_exceptions=True)
             await the_store.close()
             await session.close()
+            await engines.close()
 
     return lifecycle
 
@@ -215,7 +217,7 @@ async def _models(request: web.Request) -> web.StreamResponse:
         for ep in pool.candidates():
             try:
                 data = await get_json(
-                    router.session, ep.url + "/v1/models", timeout(t.probe_s, t.connect_s)
+                    router.engines, ep.url + "/v1/models", timeout(t.probe_s, t.connect_s)
                 )
             except UpstreamError:
                 continue

@@ -33,6 +33,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 DIGEST_BYTES = 16
 
 
@@ -115,7 +117,7 @@ class Handle:
 
     def kv_params(self) -> dict[str, Any]:
         """D's params as a mapping, for P's request."""
-        value: dict[str, Any] = json.loads(zlib.decompress(self.params))
+        value: dict[str, Any] = orjson.loads(zlib.decompress(self.params))
         return value
 
     def matches(self, prompt_ids: Sequence[int]) -> bool:
@@ -166,5 +168,5 @@ def build_handle(
         digest = token_hash(held_ids[:n])
     except (TypeError, OverflowError):
         return None  # not token ids
-    compact = zlib.compress(json.dumps(params, separators=(",", ":")).encode(), 6)
+    compact = zlib.compress(orjson.dumps(params), 6)
     return Handle(compact, digest, n, decode_url, expires_at)

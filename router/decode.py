@@ -16,10 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
+import orjson
 from aiohttp import web
 
 from boomerang.router import protocol, sse
+from boomerang.router.engine_http import HttpError, StreamedResponse
 from boomerang.router.upstream import UpstreamError
 
 SSE_HEADERS = {
@@ -71,7 +72,7 @@ async def answer_json(
 ) -> web.StreamResponse:
     """Send a complete response as JSON."""
     body = protocol.client_payload(payload, keep_token_ids=keep_ids)
-    response = web.json_response(body)
+    response = web.Response(body=orjson.dumps(body), content_type="application/json")
     on_first()
     await _send(request, response)
     return response
@@ -118,17 +119,17 @@ class StreamRelay:
         self._calls: dict[int, dict[str, Any]] = {}
 
     async def run(
-        self, request: web.Request, resp: aiohttp.ClientResponse, first_byte_s: float
+        self, request: web.Request, resp: StreamedResponse, first_byte_s: float
     ) -> DecodeResult:
         """Relay until [DONE]; raises UpstreamError if D fails before the first event."""
-        events = sse.read_events(sse.split_lines(resp.content.iter_any()))
+        events = sse.read_events(sse.split_lines(resp.iter_any()))
         try:
             first = await asyncio.wait_for(anext(events), first_byte_s)
         except StopAsyncIteration:
             raise UpstreamError("protocol", "empty stream") from None
         except TimeoutError:
             raise UpstreamError("timeout", "no first event in time") from None
-        except (aiohttp.ClientError, ValueError) as exc:
+        except (HttpError, ValueError) as exc:
             raise UpstreamError("protocol", f"stream failed: {exc!r}") from None
         out = web.StreamResponse(headers=SSE_HEADERS)
         self.result.response = out
@@ -149,7 +150,7 @@ class StreamRelay:
                 if chunk is not None:
                     await out.write(sse.event(chunk))
                 item = await anext(events, sse.DONE)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        except (HttpError, TimeoutError, ValueError) as exc:
             await out.write(sse.error_event(f"decode engine failed mid-stream: {exc!r}", 502))
             await out.write_eof()
             self.result.finished = False

@@ -22,7 +22,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from boomerang.router import conversation as conv
@@ -38,6 +37,7 @@ from boomerang.router.decode import (
     result_from_response,
 )
 from boomerang.router.endpoints import Endpoint, Pool, Strategy
+from boomerang.router.engine_http import EngineClient
 from boomerang.router.errors import ApiError
 from boomerang.router.metrics import Metrics
 from boomerang.router.store import ConversationStore
@@ -91,7 +91,7 @@ class Router:
     strategy: Strategy
     store: ConversationStore
     metrics: Metrics
-    session: aiohttp.ClientSession
+    engines: EngineClient
 
     async def handle(self, request: web.Request, req: ClientRequest, tenant: str) -> Any:
         """Serve one chat or completion request; returns the response already sent."""
@@ -187,7 +187,7 @@ class Router:
             start = time.perf_counter()
             try:
                 data = await post_json(
-                    self.session, p_ep.url + "/tokenize", body, timeout(t.tokenize_s, t.connect_s)
+                    self.engines, p_ep.url + "/tokenize", body, timeout(t.tokenize_s, t.connect_s)
                 )
             except UpstreamError as exc:
                 self._failed(self.prefill, p_ep, exc)
@@ -289,7 +289,7 @@ class Router:
         start = time.perf_counter()
         with self.prefill.track(p_ep, self._work(turn)):
             data = await post_json(
-                self.session,
+                self.engines,
                 p_ep.url + PATHS[turn.req.kind],
                 body,
                 timeout(t.prefill_s, t.connect_s),
@@ -367,7 +367,7 @@ class Router:
     ) -> DecodeResult:
         t = self.config.timeouts
         url = d_ep.url + PATHS[turn.req.kind]
-        data = await post_json(self.session, url, body, timeout(t.decode_total_s, t.connect_s))
+        data = await post_json(self.engines, url, body, timeout(t.decode_total_s, t.connect_s))
         result = result_from_response(data)
         keep, first = turn.req.wants_token_ids, lambda: self._on_first(turn)
         if mode == "buffer":
@@ -383,7 +383,7 @@ class Router:
     ) -> DecodeResult:
         t = self.config.timeouts
         resp = await open_stream(
-            self.session,
+            self.engines,
             d_ep.url + PATHS[turn.req.kind],
             body,
             timeout(t.decode_total_s, t.connect_s),

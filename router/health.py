@@ -10,24 +10,21 @@ from __future__ import annotations
 import asyncio
 import logging
 
-import aiohttp
-
 from boomerang.router.config import RouterConfig
 from boomerang.router.endpoints import Endpoint, Pool
+from boomerang.router.engine_http import EngineClient
 from boomerang.router.metrics import Metrics
 from boomerang.router.upstream import UpstreamError, get_json, timeout
 
 log = logging.getLogger("boomerang.router")
 
 
-async def probe(
-    session: aiohttp.ClientSession, pool: Pool, ep: Endpoint, config: RouterConfig
-) -> bool:
+async def probe(engines: EngineClient, pool: Pool, ep: Endpoint, config: RouterConfig) -> bool:
     """One probe of one engine; updates its state; returns whether it is healthy."""
     t = config.timeouts
     limit = timeout(t.probe_s, min(t.connect_s, t.probe_s))
     try:
-        await get_json(session, ep.url + "/health", limit)
+        await get_json(engines, ep.url + "/health", limit)
     except UpstreamError as exc:
         was_ejected = ep.ejected
         pool.failed(ep)
@@ -41,7 +38,7 @@ async def probe(
         log.info("Readmitted engine", extra={"role": pool.role, "engine": ep.url})
     if ep.version is None:
         try:
-            data = await get_json(session, ep.url + "/version", limit)
+            data = await get_json(engines, ep.url + "/version", limit)
             if isinstance(data, dict) and isinstance(data.get("version"), str):
                 ep.version = data["version"]
         except UpstreamError:
@@ -50,10 +47,10 @@ async def probe(
 
 
 async def probe_all(
-    session: aiohttp.ClientSession, pools: list[Pool], config: RouterConfig, metrics: Metrics
+    engines: EngineClient, pools: list[Pool], config: RouterConfig, metrics: Metrics
 ) -> None:
     """Probe every known engine once, concurrently, and refresh the endpoint gauges."""
-    jobs = [probe(session, pool, ep, config) for pool in pools for ep in pool.endpoints.values()]
+    jobs = [probe(engines, pool, ep, config) for pool in pools for ep in pool.endpoints.values()]
     await asyncio.gather(*jobs)
     for pool in pools:
         eps = list(pool.endpoints.values())
@@ -63,12 +60,12 @@ async def probe_all(
 
 
 async def run_prober(
-    session: aiohttp.ClientSession, pools: list[Pool], config: RouterConfig, metrics: Metrics
+    engines: EngineClient, pools: list[Pool], config: RouterConfig, metrics: Metrics
 ) -> None:
     """Probe forever, every `health.probe_interval_s` (until cancelled)."""
     while True:
         try:
-            await probe_all(session, pools, config, metrics)
+            await probe_all(engines, pools, config, metrics)
         except asyncio.CancelledError:
             raise
         except Exception:

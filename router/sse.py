@@ -10,9 +10,10 @@ reason, then the usage chunk if the client asked for it, then `[DONE]`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
+
+import orjson
 
 DONE = object()
 """Marker yielded for `data: [DONE]`."""
@@ -52,12 +53,12 @@ async def split_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 def _decode(payload: bytes) -> Any:
     if payload.strip() == b"[DONE]":
         return DONE
-    return json.loads(payload)
+    return orjson.loads(payload)
 
 
 def event(payload: Any) -> bytes:
     """One SSE event."""
-    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
 DONE_EVENT = b"data: [DONE]\n\n"

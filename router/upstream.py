@@ -8,13 +8,19 @@ unused and a prefill's params are still unread), anything later might have.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
 
-import aiohttp
+import orjson
 
+from boomerang.router.engine_http import (
+    ConnectError,
+    EngineClient,
+    HttpError,
+    Limits,
+    StreamedResponse,
+)
 from boomerang.router.errors import ApiError
 
 FailureKind = Literal["connect", "timeout", "status", "protocol", "client"]
@@ -47,68 +53,69 @@ class UpstreamError(Exception):
         return self.kind != "client"
 
 
-def timeout(total: float | None, connect: float, sock_read: float | None = None) -> Any:
-    """An aiohttp timeout where connecting is bounded separately."""
-    return aiohttp.ClientTimeout(total=total, sock_connect=connect, sock_read=sock_read)
+def timeout(total: float | None, connect: float) -> Limits:
+    """Time bounds of one engine call, connecting bounded separately."""
+    return Limits(total, connect)
 
 
 @contextmanager
 def _transport_errors(timeout_message: str = "timed out") -> Iterator[None]:
-    """Turn aiohttp's transport failures into UpstreamErrors (retryable kinds)."""
+    """Turn the client's transport failures into UpstreamErrors (retryable kinds)."""
     try:
         yield
-    except aiohttp.ClientConnectorError as exc:
-        raise UpstreamError("connect", f"cannot connect: {exc}") from None
+    except ConnectError as exc:
+        raise UpstreamError("connect", str(exc)) from None
     except TimeoutError:
         raise UpstreamError("timeout", timeout_message) from None
-    except aiohttp.ClientError as exc:
-        raise UpstreamError("protocol", f"connection failed: {exc!r}") from None
+    except HttpError as exc:
+        raise UpstreamError("protocol", f"connection failed: {exc}") from None
 
 
 async def _fetch(
-    session: aiohttp.ClientSession, method: str, url: str, limit: Any, body: Any = None
+    client: EngineClient, method: str, url: str, limit: Limits, body: Any = None
 ) -> bytes:
     """One request whose transport failures become UpstreamErrors; returns the body."""
+    data = None if body is None else orjson.dumps(body)
     with _transport_errors():
-        async with session.request(method, url, json=body, timeout=limit) as resp:
-            raw = await resp.read()
-            check_status(resp.status, raw)
+        status, raw = await client.request(method, url, data, limit)
+    check_status(status, raw)
     return raw
 
 
 async def post_json(
-    session: aiohttp.ClientSession, url: str, body: dict[str, Any], limit: Any
+    client: EngineClient, url: str, body: dict[str, Any], limit: Limits
 ) -> dict[str, Any]:
     """POST a JSON body and return the JSON object answered; raises UpstreamError."""
-    return parse_object(await _fetch(session, "POST", url, limit, body))
+    return parse_object(await _fetch(client, "POST", url, limit, body))
 
 
-async def get_json(session: aiohttp.ClientSession, url: str, limit: Any) -> Any:
+async def get_json(client: EngineClient, url: str, limit: Limits) -> Any:
     """GET and decode JSON; raises UpstreamError."""
-    raw = await _fetch(session, "GET", url, limit)
+    raw = await _fetch(client, "GET", url, limit)
     try:
-        return json.loads(raw) if raw else None
+        return orjson.loads(raw) if raw else None
     except ValueError:
         raise UpstreamError("protocol", "response is not JSON") from None
 
 
 async def open_stream(
-    session: aiohttp.ClientSession,
+    client: EngineClient,
     url: str,
     body: dict[str, Any],
-    limit: Any,
+    limit: Limits,
     first_byte_s: float,
-) -> aiohttp.ClientResponse:
+) -> StreamedResponse:
     """POST and return the response once its headers arrived with status 200.
 
     The caller must release the response. Raises UpstreamError.
     """
     with _transport_errors("no response headers in time"):
-        resp = await asyncio.wait_for(session.post(url, json=body, timeout=limit), first_byte_s)
+        resp = await client.stream("POST", url, orjson.dumps(body), limit, first_byte_s)
     if resp.status != 200:
         try:
-            raw = await resp.read()
-        except (aiohttp.ClientError, TimeoutError):
+            with _transport_errors():
+                raw = await asyncio.wait_for(resp.read(), first_byte_s)
+        except UpstreamError:
             raw = b""
         finally:
             resp.release()
@@ -127,7 +134,7 @@ def check_status(status: int, raw: bytes) -> None:
 def parse_object(raw: bytes) -> dict[str, Any]:
     """A JSON object or a protocol failure."""
     try:
-        data = json.loads(raw)
+        data = orjson.loads(raw)
     except ValueError:
         raise UpstreamError("protocol", "response is not JSON") from None
     if not isinstance(data, dict):
@@ -150,7 +157,7 @@ def _error_message(body: bytes | None) -> str | None:
     """The `message` of an OpenAI-style error body, if there is one."""
     if not body:
         return None
-    data = json.loads(body)
+    data = orjson.loads(body)
     if isinstance(data, dict):
         err = data.get("error", data)
         if isinstance(err, dict) and isinstance(err.get("message"), str):

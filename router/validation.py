@@ -10,9 +10,10 @@ Everything here is pure.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Literal
+
+import orjson
 
 from boomerang.router.errors import ApiError, bad_request
 
@@ -48,7 +49,7 @@ class ClientRequest:
 def parse_json(raw: bytes) -> dict[str, Any]:
     """Decode a JSON object body or raise a 400."""
     try:
-        data = json.loads(raw)
+        data = orjson.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
