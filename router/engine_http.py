@@ -191,15 +191,25 @@ class _Connection(asyncio.Protocol):
 class StreamedResponse:
     """An answer whose body is read as it arrives; `release()` must follow."""
 
-    def __init__(self, client: EngineClient, origin: _Origin, conn: _Connection) -> None:
+    def __init__(
+        self,
+        client: EngineClient,
+        origin: _Origin,
+        conn: _Connection,
+        timer: asyncio.TimerHandle | None,
+    ) -> None:
         self._client, self._origin, self._conn = client, origin, conn
         self.status = conn.status
         self._released = False
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer = timer
 
-    def expire_after(self, seconds: float) -> None:
-        """Fail the body's reads with TimeoutError after `seconds`, dropping the connection."""
-        self._timer = asyncio.get_running_loop().call_later(seconds, self._conn.expire)
+    def expire_after(self, seconds: float | None) -> None:
+        """Fail the body's reads with TimeoutError `seconds` from now (None: never), dropping
+        the connection; replaces the current limit."""
+        if self._timer is not None:
+            self._timer.cancel()
+        loop = asyncio.get_running_loop()
+        self._timer = None if seconds is None else loop.call_later(seconds, self._conn.expire)
 
     async def iter_any(self) -> AsyncIterator[bytes]:
         """Body bytes in the pieces they arrived in."""
@@ -239,15 +249,14 @@ class EngineClient:
         self, method: str, url: str, body: bytes | None, limits: Limits
     ) -> tuple[int, bytes]:
         """One call, read to the end: (status, body). Raises HttpError or TimeoutError."""
-        async with asyncio.timeout(limits.total):
-            resp = await self._start(method, url, body, limits)
-            try:
-                return resp.status, await resp.read()
-            except BaseException:
-                resp.close()
-                raise
-            finally:
-                resp.release()
+        resp = await self._start(method, url, body, limits, limits.total)
+        try:
+            return resp.status, await resp.read()
+        except BaseException:
+            resp.close()
+            raise
+        finally:
+            resp.release()
 
     async def stream(
         self, method: str, url: str, body: bytes | None, limits: Limits, headers_s: float
@@ -258,29 +267,37 @@ class EngineClient:
         TimeoutError and the connection is dropped.
         """
         total = limits.total
-        async with asyncio.timeout(headers_s if total is None else min(headers_s, total)):
-            resp = await self._start(method, url, body, limits)
-        if total is not None:
-            resp.expire_after(total)
+        resp = await self._start(
+            method, url, body, limits, headers_s if total is None else min(headers_s, total)
+        )
+        resp.expire_after(total)
         return resp
 
     async def _start(
-        self, method: str, url: str, body: bytes | None, limits: Limits
+        self, method: str, url: str, body: bytes | None, limits: Limits, within: float | None
     ) -> StreamedResponse:
+        """Send, and return once the headers are in; the call fails `within` seconds from now
+        (a timer on the connection, cheaper per call than `asyncio.timeout`)."""
         origin, path = _split(url)
-        conn = await self._acquire(origin, limits.connect)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        connect_s = limits.connect if within is None else min(limits.connect, within)
+        conn = await self._acquire(origin, connect_s)
         head = f"{method} {path} HTTP/1.1\r\nHost: {origin.netloc}\r\n{self._extra_headers}"
         if body is not None:
             head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
         request = head.encode("latin-1") + b"\r\n" + (body or b"")
+        timer = None if within is None else loop.call_at(started + within, conn.expire)
         try:
             conn.send(request)
             await conn.headers()
         except BaseException:
+            if timer is not None:
+                timer.cancel()
             self._busy.discard(conn)
             conn.close()
             raise
-        return StreamedResponse(self, origin, conn)
+        return StreamedResponse(self, origin, conn, timer)
 
     async def _acquire(self, origin: _Origin, connect_s: float) -> _Connection:
         idle = self._idle.get(origin)

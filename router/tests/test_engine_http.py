@@ -288,3 +288,32 @@ def test_the_client_works_on_uvloop_as_deployed() -> None:
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         status, body = runner.run(main())
     assert status == 200 and json.loads(body)["body"] == "2"
+
+
+async def test_a_body_that_stalls_after_the_headers_times_out(engines: EngineClient) -> None:
+    async def stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf")
+        await writer.drain()
+        await reader.read()
+
+    server, url = await _raw_server(stall)
+    try:
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(TimeoutError):
+            await engines.request("GET", url + "/", None, Limits(total=0.3, connect=1.0))
+        assert asyncio.get_running_loop().time() - started < 2.0
+    finally:
+        server.close()
+
+
+async def test_a_stream_without_headers_in_time_times_out(engines: EngineClient) -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+
+    server, url = await _raw_server(silent)
+    try:
+        with pytest.raises(TimeoutError):
+            await engines.stream("POST", url + "/", b"{}", LIMITS, headers_s=0.2)
+    finally:
+        server.close()
