@@ -223,6 +223,21 @@ async def test_memory_store_is_bounded_by_size_and_sweeps_expired_handles() -> N
     assert await store.size() == 0
 
 
+async def test_memory_store_hands_back_what_was_filed_and_hides_it_from_the_gc() -> None:
+    import gc
+
+    from boomerang.router.store import MemoryStore
+
+    store = MemoryStore(max_conversations=10)
+    handle = conv.Handle(b"params", b"h" * 16, 7, "http://d:8000", expires_at=500.0)
+    await store.put(b"k", handle)
+    await store.put(b"j", conv.Handle(b"p", b"g" * 16, 3, "http://e:8000", expires_at=600.0))
+    gc.collect()
+    assert not any(gc.is_tracked(v) for v in store._items.values())  # full GCs skip them
+    assert await store.take(b"k", 0.0) == ("found", handle)
+    assert await store.take(b"k", 0.0) == ("missing", None)
+
+
 def test_json_logs_carry_the_request_id_and_extras() -> None:
     import logging
 
