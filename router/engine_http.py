@@ -87,6 +87,8 @@ class _Connection(asyncio.Protocol):
         self._error: BaseException | None = None
         self.complete = False
         self.reusable = False
+        self._framed = False
+        """Whether the answer's length is known (Content-Length or chunked), not up to EOF."""
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -102,10 +104,18 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        if not self.complete:
-            self._fail(HttpError(f"connection closed by the engine: {exc!r}"))
+        if self.complete:
+            return
+        if exc is None and self.status and not self._framed and self._error is None:
+            self.on_message_complete()  # a body without length or chunks ends at EOF
+            return
+        self._fail(HttpError(f"connection closed by the engine: {exc!r}"))
 
     # -- httptools callbacks -------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() in (b"content-length", b"transfer-encoding"):
+            self._framed = True
 
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
@@ -121,7 +131,7 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         self.complete = True
-        self.reusable = self.parser.should_keep_alive()
+        self.reusable = self._framed and self.parser.should_keep_alive()
         self._wake()
 
     # -- exchange ------------------------------------------------------------------------
@@ -131,6 +141,7 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         loop = asyncio.get_running_loop()
         self.status, self.complete, self.reusable, self._error = 0, False, False, None
+        self._framed = False
         self._chunks.clear()
         self._buffered = 0
         self._headers = loop.create_future()

@@ -317,3 +317,20 @@ async def test_a_stream_without_headers_in_time_times_out(engines: EngineClient)
             await engines.stream("POST", url + "/", b"{}", LIMITS, headers_s=0.2)
     finally:
         server.close()
+
+
+async def test_a_body_delimited_by_the_connection_closing_arrives_whole(
+    engines: EngineClient,
+) -> None:
+    async def old_style(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + b"x" * 5000)
+        await writer.drain()
+        writer.close()
+
+    server, url = await _raw_server(old_style)
+    try:
+        assert await engines.request("GET", url + "/", None, LIMITS) == (200, b"x" * 5000)
+        assert await engines.request("GET", url + "/", None, LIMITS) == (200, b"x" * 5000)
+    finally:
+        server.close()
