@@ -79,16 +79,21 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.idle_since = 0.0
-        self.status = 0
         self._headers: asyncio.Future[None] | None = None
         self._chunks: collections.deque[bytes] = collections.deque()
-        self._buffered = 0
         self._wakeup: asyncio.Future[None] | None = None
-        self._error: BaseException | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        """The per-exchange state, as before an answer's first byte."""
+        self.status = 0
         self.complete = False
         self.reusable = False
         self._framed = False
         """Whether the answer's length is known (Content-Length or chunked), not up to EOF."""
+        self._error: BaseException | None = None
+        self._chunks.clear()
+        self._buffered = 0
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -139,12 +144,8 @@ class _Connection(asyncio.Protocol):
     def send(self, request: bytes) -> None:
         """Start an exchange: write the request and arm the waiters."""
         assert self.transport is not None
-        loop = asyncio.get_running_loop()
-        self.status, self.complete, self.reusable, self._error = 0, False, False, None
-        self._framed = False
-        self._chunks.clear()
-        self._buffered = 0
-        self._headers = loop.create_future()
+        self._reset()
+        self._headers = asyncio.get_running_loop().create_future()
         self.transport.write(request)
 
     async def headers(self) -> None:
@@ -344,8 +345,9 @@ class EngineClient:
             conn.close()
             return
         conn.idle_since = time.monotonic()
-        self._idle.setdefault(origin, collections.deque()).append(conn)
-        self._prune(self._idle[origin], conn.idle_since)
+        idle = self._idle.setdefault(origin, collections.deque())
+        idle.append(conn)
+        self._prune(idle, conn.idle_since)
 
     def _prune(self, idle: collections.deque[_Connection], now: float) -> None:
         """Close the connections idle for longer than `idle_s` (the oldest are at the left)."""
