@@ -36,7 +36,6 @@ import gc
 import itertools
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -55,7 +54,7 @@ from boomerang.router import protocol
 from boomerang.router.conversation import build_handle, id_key
 from boomerang.router.engine_http import EngineClient, Limits
 from boomerang.router.store import MemoryStore
-from boomerang.router.testing import EngineSpec, Fabric, FakeEngine
+from boomerang.router.testing import EngineSpec, Fabric, FakeEngine, free_port, wait_port
 from boomerang.router.validation import validate
 
 TURNS = 8
@@ -77,12 +76,6 @@ def _use_uvloop() -> str:
     return "uvloop"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def _serve_engines(p_port: int, d_port: int) -> None:
     """The fake P and D engines; both also answer GET /fabric (pulls, declines, violations)."""
     fabric = Fabric()
@@ -101,17 +94,6 @@ async def _serve_engines(p_port: int, d_port: int) -> None:
         await web.TCPSite(runner, "127.0.0.1", port).start()
     gc.freeze()  # full collections skip the startup objects (harness noise, not the router's)
     await asyncio.Event().wait()
-
-
-def _wait_port(port: int, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"nothing listens on {port}")
 
 
 def _get(url: str) -> bytes:
@@ -392,7 +374,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--pin needs at least 2 CPUs")
     if pin:
         os.sched_setaffinity(0, cpus[1:])  # the load generator, and the engines it spawns
-    ports = [str(_free_port()) for _ in range(3)]
+    ports = [str(free_port()) for _ in range(3)]
     url = {role: f"http://127.0.0.1:{port}" for role, port in zip("pdr", ports, strict=True)}
     engines = _spawn(["-m", "boomerang.router.bench", "--serve-engines", *ports[:2]], None)
     flags = ["--host", "127.0.0.1", "--port", ports[2], "--log-level", "WARNING"]
@@ -400,7 +382,8 @@ def main(argv: list[str] | None = None) -> None:
     router = _spawn(["-m", "boomerang.router", *flags], cpus[:1] if pin else None)
     try:
         for port in ports:
-            _wait_port(int(port))
+            if not wait_port(int(port), 30.0):
+                raise RuntimeError(f"nothing listens on {port}")
         modes = (
             Mode("direct", {"p": url["p"], "d": url["d"]}),
             Mode("router", {"router": url["r"]}),

@@ -21,6 +21,7 @@ import asyncio
 import hashlib
 import itertools
 import json
+import socket
 import sys
 import time
 from array import array
@@ -39,6 +40,25 @@ _BYTES = {t: array("I", [t]).tobytes() for t in (BOS, END, *ROLE_IDS.values())}
 
 def _utf32(text: str) -> bytes:
     return text.encode(_UTF32, "surrogatepass")
+
+
+def free_port() -> int:
+    """A loopback TCP port that nothing listens on (for a fake engine, Redis, or a dead peer)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout_s: float) -> bool:
+    """Whether something accepts connections on loopback `port` within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return True
+        except OSError:
+            time.sleep(0.05)
+    return False
 
 
 def encode(text: str) -> list[int]:

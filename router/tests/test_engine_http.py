@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -19,6 +18,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from boomerang.router.engine_http import ConnectError, EngineClient, HttpError, Limits
+from boomerang.router.testing import free_port
 
 LIMITS = Limits(total=5.0, connect=2.0)
 
@@ -103,9 +103,7 @@ async def test_connections_idle_past_idle_s_are_not_reused() -> None:
 
 
 async def test_nothing_listening_is_a_connect_error(engines: EngineClient) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with pytest.raises(ConnectError):
         await engines.request("GET", f"http://127.0.0.1:{port}/x", None, LIMITS)
 

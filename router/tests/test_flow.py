@@ -6,7 +6,7 @@ import asyncio
 import json
 from typing import Any
 
-from boomerang.router.testing import render_chat
+from boomerang.router.testing import free_port, render_chat
 
 
 def chat(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -356,11 +356,7 @@ async def test_client_disconnect_mid_stream_stops_the_decoder(world: Any) -> Non
 
 
 async def test_a_store_outage_never_fails_a_request(world: Any) -> None:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        dead_port = s.getsockname()[1]
+    dead_port = free_port()
     w = await world(store={"kind": "redis", "url": f"redis://127.0.0.1:{dead_port}/0"})
     await two_turns(w, conversation_id="c")
     assert await w.metric("boomerang_router_store_errors_total", op="take") >= 1

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -15,14 +14,9 @@ import pytest
 
 from boomerang.router.conversation import Handle
 from boomerang.router.redis_store import RedisStore
+from boomerang.router.testing import free_port, wait_port
 
 pytestmark = pytest.mark.redis
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +26,7 @@ def redis_url(tmp_path_factory: Any) -> Iterator[str]:
         if os.environ.get("CI"):
             pytest.fail("redis-server is missing (run `make redis`)")
         pytest.skip("redis-server is not installed (run `make redis`)")
-    port = _free_port()
+    port = free_port()
     workdir = tmp_path_factory.mktemp("redis")
     proc = subprocess.Popen(
         [
@@ -52,14 +46,7 @@ def redis_url(tmp_path_factory: Any) -> Iterator[str]:
         stderr=subprocess.DEVNULL,
     )
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                time.sleep(0.05)
-        else:
+        if not wait_port(port, 10.0):
             pytest.fail("redis-server did not start")
         yield f"redis://127.0.0.1:{port}/0"
     finally:
