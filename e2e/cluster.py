@@ -264,16 +264,10 @@ class Cluster:
 
     def _start_controllers(self) -> None:
         pki = self.workdir / "pki"
-        kc = f"--kubeconfig={self.kubeconfig}"
         self._spawn(
             "kube-controller-manager",
             [
-                kc,
-                f"--authentication-kubeconfig={self.kubeconfig}",
-                f"--authorization-kubeconfig={self.kubeconfig}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={free_port()}",
-                "--leader-elect=false",
+                *self._component_flags(),
                 f"--service-account-private-key-file={pki / 'sa.key'}",
                 f"--root-ca-file={pki / 'ca.crt'}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
@@ -284,22 +278,11 @@ class Cluster:
                 "--profiling=false",
             ],
         )
-        self._spawn(
-            "kube-scheduler",
-            [
-                kc,
-                f"--authentication-kubeconfig={self.kubeconfig}",
-                f"--authorization-kubeconfig={self.kubeconfig}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={free_port()}",
-                "--leader-elect=false",
-                "--profiling=false",
-            ],
-        )
+        self._spawn("kube-scheduler", [*self._component_flags(), "--profiling=false"])
         self._spawn(
             "kwok",
             [
-                kc,
+                f"--kubeconfig={self.kubeconfig}",
                 "--manage-all-nodes=true",
                 f"--config={self.binaries / 'kwok-stages.yaml'}",
                 "--node-lease-duration-seconds=40",
@@ -314,6 +297,18 @@ class Cluster:
             lambda: self.kubectl("get", "serviceaccount", "default", check=False).returncode == 0,
             timeout=60,
         )
+
+    def _component_flags(self) -> list[str]:
+        """What the controller-manager and the scheduler share: the admin kubeconfig for the
+        API, authn and authz, and a secure port of their own on loopback, no leader election."""
+        return [
+            f"--kubeconfig={self.kubeconfig}",
+            f"--authentication-kubeconfig={self.kubeconfig}",
+            f"--authorization-kubeconfig={self.kubeconfig}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={free_port()}",
+            "--leader-elect=false",
+        ]
 
     def add_nodes(self, count: int, prefix: str = "gpu-node") -> list[str]:
         """Create `count` fake GPU nodes spread over two network layer-3 groups; wait Ready."""

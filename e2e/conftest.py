@@ -16,6 +16,7 @@ import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cluster import Cluster, bin_dir, missing_binaries
 from operator_process import OperatorProcess
-from suite import CHART, RELEASE, RELEASE_NAMESPACE, install_chart
+from suite import CHART, RELEASE, RELEASE_NAMESPACE, apply, example, install_chart, wait_ready
 
 
 @pytest.fixture(scope="session")
@@ -75,3 +76,12 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     cluster.kubectl("create", "namespace", name)
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def ready_minimal(cluster: Cluster, operator: OperatorProcess, namespace: str) -> dict[str, Any]:
+    """The `minimal.yaml` sample applied in the test's namespace and Ready; its manifest."""
+    manifest = example("minimal.yaml")
+    apply(cluster, manifest, namespace)
+    wait_ready(cluster, namespace, manifest["metadata"]["name"])
+    return manifest

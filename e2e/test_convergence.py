@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 from cluster import Cluster
 from kube import is_true
-from operator_process import OperatorProcess
-from suite import StatusWatch, apply, example, patched, pods, wait_ready
+from suite import StatusWatch, apply, patched, pods, wait_ready
 
 pytestmark = pytest.mark.cluster
 CONFIG_HASH = "boomerang.dev/config-hash"
@@ -52,14 +51,6 @@ def _change(
     ]
     assert progressing, "status never showed Progressing for the new generation"
     return dd, watch.versions
-
-
-@pytest.fixture
-def ready_minimal(cluster: Cluster, operator: OperatorProcess, namespace: str) -> dict[str, Any]:
-    manifest = example("minimal.yaml")
-    apply(cluster, manifest, namespace)
-    wait_ready(cluster, namespace, manifest["metadata"]["name"])
-    return manifest
 
 
 def test_scaling_decode_converges_to_the_new_count(

@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 from cluster import Cluster
 from kube import wait_until
-from operator_process import OperatorProcess
-from suite import DD, apply, children, example, pods, wait_ready
+from suite import DD, children, pods, wait_ready
 
 pytestmark = pytest.mark.cluster
 # Edits are repaired from child events within seconds; the 60 s timer is only a fallback.
@@ -24,11 +23,9 @@ REPAIR_TIMEOUT_S = 30
 
 
 @pytest.fixture
-def ready_minimal(cluster: Cluster, operator: OperatorProcess, namespace: str) -> str:
-    manifest = example("minimal.yaml")
-    apply(cluster, manifest, namespace)
-    wait_ready(cluster, namespace, manifest["metadata"]["name"])
-    return str(manifest["metadata"]["name"])
+def ready_name(ready_minimal: dict[str, Any]) -> str:
+    """The name of the Ready `minimal.yaml` resource (conftest's `ready_minimal`)."""
+    return str(ready_minimal["metadata"]["name"])
 
 
 def _uid(cluster: Cluster, namespace: str, kind: str, name: str) -> str | None:
@@ -43,9 +40,9 @@ def _uid(cluster: Cluster, namespace: str, kind: str, name: str) -> str | None:
     [("statefulset", "decode"), ("configmap", "router"), ("service", "prefill")],
 )
 def test_deleted_child_is_recreated(
-    cluster: Cluster, namespace: str, ready_minimal: str, kind: str, suffix: str
+    cluster: Cluster, namespace: str, ready_name: str, kind: str, suffix: str
 ) -> None:
-    name = f"{ready_minimal}-{suffix}"
+    name = f"{ready_name}-{suffix}"
     old = _uid(cluster, namespace, kind, name)
     assert old
     cluster.kubectl("delete", kind, name, "-n", namespace, "--wait=true")
@@ -55,12 +52,12 @@ def test_deleted_child_is_recreated(
         timeout=30,
     )
     assert new != old
-    wait_ready(cluster, namespace, ready_minimal)
+    wait_ready(cluster, namespace, ready_name)
 
 
-def test_edited_children_are_reverted(cluster: Cluster, namespace: str, ready_minimal: str) -> None:
+def test_edited_children_are_reverted(cluster: Cluster, namespace: str, ready_name: str) -> None:
     """Values the operator owns, changed by someone else, come back."""
-    name = ready_minimal
+    name = ready_name
     edits = [
         ("service", f"{name}-router", "spec", {"sessionAffinity": "None"}),
         ("poddisruptionbudget", f"{name}-decode", "spec", {"maxUnavailable": 5}),
@@ -103,15 +100,15 @@ def _part(
 
 
 def test_deleting_the_resource_collects_every_child(
-    cluster: Cluster, namespace: str, ready_minimal: str
+    cluster: Cluster, namespace: str, ready_name: str
 ) -> None:
-    assert children(cluster, namespace, ready_minimal)
-    cluster.kubectl("delete", DD, ready_minimal, "-n", namespace, "--wait=true", timeout=120)
+    assert children(cluster, namespace, ready_name)
+    cluster.kubectl("delete", DD, ready_name, "-n", namespace, "--wait=true", timeout=120)
     wait_until(
         "every child and pod to be garbage-collected",
         lambda: (
-            not children(cluster, namespace, ready_minimal)
-            and not pods(cluster, namespace, ready_minimal)
+            not children(cluster, namespace, ready_name)
+            and not pods(cluster, namespace, ready_name)
         ),
         timeout=60,
         interval=0.5,

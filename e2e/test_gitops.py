@@ -12,18 +12,9 @@ from typing import Any
 
 import pytest
 from cluster import Cluster
-from operator_process import OperatorProcess
-from suite import DD, EXAMPLES, StatusWatch, apply, children, example, get_dd, wait_ready
+from suite import DD, EXAMPLES, StatusWatch, apply, children, get_dd, wait_ready
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture
-def ready_minimal(cluster: Cluster, operator: OperatorProcess, namespace: str) -> dict[str, Any]:
-    manifest = example("minimal.yaml")
-    apply(cluster, manifest, namespace)
-    wait_ready(cluster, namespace, manifest["metadata"]["name"])
-    return manifest
 
 
 def _versions(cluster: Cluster, namespace: str, name: str) -> dict[tuple[str, str], str]:
