@@ -124,10 +124,19 @@ def patched(obj: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
 
 
 class StatusWatch:
-    """Records every version of one resource via `kubectl get --watch`, to see transitions."""
+    """Records every version of one resource via `kubectl get --watch`, to see transitions.
+
+    Entering waits for the first version (the object as it stands): kubectl watches from that
+    version's resourceVersion, so every change made inside the `with` block is then recorded.
+    Without that wait a fast change (kwok pods go Ready in well under a second) can finish
+    before kubectl has even listed the object, and its transitions are never seen.
+    """
+
+    START_TIMEOUT_S = 30.0
 
     def __init__(self, cluster: Cluster, namespace: str, name: str) -> None:
         self.versions: list[dict[str, Any]] = []
+        self._first = threading.Event()
         self._proc = subprocess.Popen(
             [str(cluster.binaries / "kubectl"), "get", DD, name, "-n", namespace,
              "--watch", "-o", "json"],
@@ -144,13 +153,15 @@ class StatusWatch:
         decoder = json.JSONDecoder()
         buffer = ""
         for line in self._proc.stdout:
-            buffer += line
-            try:
-                obj, end = decoder.raw_decode(buffer.strip())
-            except json.JSONDecodeError:
-                continue
-            self.versions.append(obj)
-            buffer = buffer.strip()[end:]
+            buffer = (buffer + line).lstrip()
+            while buffer:
+                try:
+                    obj, end = decoder.raw_decode(buffer)
+                except json.JSONDecodeError:
+                    break
+                self.versions.append(obj)
+                self._first.set()
+                buffer = buffer[end:].lstrip()
 
     def stop(self) -> list[dict[str, Any]]:
         self._proc.terminate()
@@ -159,6 +170,9 @@ class StatusWatch:
         return self.versions
 
     def __enter__(self) -> StatusWatch:
+        if not self._first.wait(self.START_TIMEOUT_S):
+            self.stop()
+            raise TimeoutError(f"kubectl --watch printed nothing in {self.START_TIMEOUT_S:.0f}s")
         return self
 
     def __exit__(self, *exc: object) -> None:
