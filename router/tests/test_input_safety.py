@@ -101,3 +101,28 @@ async def test_wrong_model_is_a_404(world: Any) -> None:
     w = await world(model="served")
     resp = await w.client.post("/v1/completions", json={"prompt": "x", "model": "other"})
     assert resp.status == 404
+
+
+async def test_integers_beyond_64_bits_are_refused_not_rounded(world: Any) -> None:
+    """A fast JSON parser reads 2**70 as a float; the router must not forward a changed number."""
+    w = await world()
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for field, value in (("seed", 2**70), ("seed", -(2**63) - 1), ("max_tokens", 10**30)):
+        raw = json.dumps({**chat, field: value})
+        resp = await w.client.post("/v1/chat/completions", data=raw)
+        body = await resp.json()
+        assert resp.status == 400, (field, value, body)
+        assert body["error"]["param"] == field, body
+        assert "64-bit" in body["error"]["message"]
+    resp = await w.client.post("/v1/completions", data=json.dumps({"prompt": [1, 2**64, 3]}))
+    assert resp.status == 400 and (await resp.json())["error"]["param"] == "prompt[1]"
+    assert not w.prefill[0].calls, "a refused request reached an engine"
+
+    # In range, and long digit runs inside strings, pass through exactly.
+    digits = "1234567890" * 4
+    raw = json.dumps({**chat, "seed": 2**63 - 1, "user": digits})
+    resp = await w.client.post("/v1/chat/completions", data=raw)
+    assert resp.status == 200, await resp.text()
+    forwarded = w.decode[0].calls[-1]
+    assert forwarded["seed"] == 2**63 - 1 and isinstance(forwarded["seed"], int)
+    assert forwarded["user"] == digits
