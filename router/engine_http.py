@@ -258,10 +258,16 @@ class EngineClient:
         self._tls: ssl.SSLContext | None = None
 
     async def request(
-        self, method: str, url: str, body: bytes | None, limits: Limits
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        limits: Limits,
+        *,
+        request_id: str | None = None,
     ) -> tuple[int, bytes]:
         """One call, read to the end: (status, body). Raises HttpError or TimeoutError."""
-        resp = await self._start(method, url, body, limits, limits.total)
+        resp = await self._start(method, url, body, limits, limits.total, request_id)
         try:
             return resp.status, await resp.read()
         except BaseException:
@@ -271,7 +277,14 @@ class EngineClient:
             resp.release()
 
     async def stream(
-        self, method: str, url: str, body: bytes | None, limits: Limits, headers_s: float
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        limits: Limits,
+        headers_s: float,
+        *,
+        request_id: str | None = None,
     ) -> StreamedResponse:
         """Send and return once the answer's headers are in (within `headers_s`).
 
@@ -279,23 +292,34 @@ class EngineClient:
         TimeoutError and the connection is dropped.
         """
         total = limits.total
-        resp = await self._start(
-            method, url, body, limits, headers_s if total is None else min(headers_s, total)
-        )
+        within = headers_s if total is None else min(headers_s, total)
+        resp = await self._start(method, url, body, limits, within, request_id)
         resp.expire_after(total)
         return resp
 
     async def _start(
-        self, method: str, url: str, body: bytes | None, limits: Limits, within: float | None
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        limits: Limits,
+        within: float | None,
+        request_id: str | None,
     ) -> StreamedResponse:
         """Send, and return once the headers are in; the call fails `within` seconds from now
-        (a timer on the connection, cheaper per call than `asyncio.timeout`)."""
+        (a timer on the connection, cheaper per call than `asyncio.timeout`).
+
+        `request_id` goes out as `X-Request-Id`, which vLLM takes as its own request id (its
+        logs and the response's `id` then name the router's request). The caller keeps it to
+        header-safe characters."""
         origin, path = _split(url)
         loop = asyncio.get_running_loop()
         started = loop.time()
         connect_s = limits.connect if within is None else min(limits.connect, within)
         conn = await self._acquire(origin, connect_s)
         head = f"{method} {path} HTTP/1.1\r\nHost: {origin.netloc}\r\n{self._extra_headers}"
+        if request_id is not None:
+            head += f"X-Request-Id: {request_id}\r\n"
         if body is not None:
             head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
         request = head.encode("latin-1") + b"\r\n" + (body or b"")

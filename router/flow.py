@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from boomerang.router import conversation as conv
-from boomerang.router import protocol
+from boomerang.router import logs, protocol
 from boomerang.router.capabilities import decode_mode, observe_stream
 from boomerang.router.config import RouterConfig
 from boomerang.router.decode import (
@@ -55,6 +56,12 @@ log = logging.getLogger("boomerang.router")
 PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 
 
+def _engine_id_prefix() -> str:
+    """The request's id plus four random hex digits: clients may reuse their own
+    `X-Request-Id`, and no engine should see one id on two live requests."""
+    return f"{logs.request_id.get()}-{os.urandom(2).hex()}"
+
+
 @dataclass
 class Turn:
     """The state of one client request while it crosses P and D."""
@@ -62,6 +69,8 @@ class Turn:
     req: ClientRequest
     tenant: str
     started: float = field(default_factory=time.perf_counter)
+    engine_id_prefix: str = field(default_factory=_engine_id_prefix)
+    engine_calls: int = 0
     lookup_key: bytes | None = None
     taken: conv.Handle | None = None
     attached: conv.Handle | None = None
@@ -72,6 +81,12 @@ class Turn:
     prompt_ids: list[int] | None = None
     first_sent: bool = False
     decode_url: str | None = None
+
+    def engine_request_id(self, stage: str) -> str:
+        """A fresh id for each engine call (`<prefix>-p1`, `<prefix>-d2`, ...): the engines'
+        logs and the response `id` then name the router's request."""
+        self.engine_calls += 1
+        return f"{self.engine_id_prefix}-{stage}{self.engine_calls}"
 
     def spend_handle(self) -> None:
         """P saw the attached handle: it must never be offered again."""
@@ -187,7 +202,11 @@ class Router:
             start = time.perf_counter()
             try:
                 data = await post_json(
-                    self.engines, p_ep.url + "/tokenize", body, timeout(t.tokenize_s, t.connect_s)
+                    self.engines,
+                    p_ep.url + "/tokenize",
+                    body,
+                    timeout(t.tokenize_s, t.connect_s),
+                    turn.engine_request_id("t"),
                 )
             except UpstreamError as exc:
                 self._failed(self.prefill, p_ep, exc)
@@ -293,6 +312,7 @@ class Router:
                 p_ep.url + PATHS[turn.req.kind],
                 body,
                 timeout(t.prefill_s, t.connect_s),
+                turn.engine_request_id("p"),
             )
         self.metrics.prefill_latency.observe(time.perf_counter() - start)
         self.prefill.succeeded(p_ep)
@@ -367,7 +387,8 @@ class Router:
     ) -> DecodeResult:
         t = self.config.timeouts
         url = d_ep.url + PATHS[turn.req.kind]
-        data = await post_json(self.engines, url, body, timeout(t.decode_total_s, t.connect_s))
+        limit = timeout(t.decode_total_s, t.connect_s)
+        data = await post_json(self.engines, url, body, limit, turn.engine_request_id("d"))
         result = result_from_response(data)
         keep, first = turn.req.wants_token_ids, lambda: self._on_first(turn)
         if mode == "buffer":
@@ -388,6 +409,7 @@ class Router:
             body,
             timeout(t.decode_total_s, t.connect_s),
             t.decode_first_byte_s,
+            turn.engine_request_id("d"),
         )
         relay = StreamRelay(turn.req.wants_token_ids, lambda: self._on_first(turn))
         try:

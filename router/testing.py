@@ -163,6 +163,8 @@ class EngineSpec:
     """False: leave `calls` empty (a long benchmark would keep every request body)."""
     tokenize_calls: int = 0
     seen_return_token_ids: bool = False
+    request_ids: list[str | None] = field(default_factory=list)
+    """The `X-Request-Id` of every completion and tokenize call (when `record_calls`)."""
 
 
 class FakeEngine:
@@ -201,6 +203,8 @@ class FakeEngine:
             return _json({"error": "Unauthorized"}, status=401)
         body = _loads(await request.read())
         self.spec.tokenize_calls += 1
+        if self.spec.record_calls:
+            self.spec.request_ids.append(request.headers.get("X-Request-Id"))
         ids = self._prompt_ids(body)
         return _json({"count": len(ids), "max_model_len": 1 << 20, "tokens": ids})
 
@@ -221,6 +225,7 @@ class FakeEngine:
         body = _loads(await request.read())
         if self.spec.record_calls:
             self.spec.calls.append(body)
+            self.spec.request_ids.append(request.headers.get("X-Request-Id"))
         if self.spec.delay_s:
             await asyncio.sleep(self.spec.delay_s)
         if self.spec.fail_status is not None:

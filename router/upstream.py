@@ -72,21 +72,30 @@ def _transport_errors(timeout_message: str = "timed out") -> Iterator[None]:
 
 
 async def _fetch(
-    client: EngineClient, method: str, url: str, limit: Limits, body: Any = None
+    client: EngineClient,
+    method: str,
+    url: str,
+    limit: Limits,
+    body: Any = None,
+    request_id: str | None = None,
 ) -> bytes:
     """One request whose transport failures become UpstreamErrors; returns the body."""
     data = None if body is None else orjson.dumps(body)
     with _transport_errors():
-        status, raw = await client.request(method, url, data, limit)
+        status, raw = await client.request(method, url, data, limit, request_id=request_id)
     check_status(status, raw)
     return raw
 
 
 async def post_json(
-    client: EngineClient, url: str, body: dict[str, Any], limit: Limits
+    client: EngineClient,
+    url: str,
+    body: dict[str, Any],
+    limit: Limits,
+    request_id: str | None = None,
 ) -> dict[str, Any]:
     """POST a JSON body and return the JSON object answered; raises UpstreamError."""
-    return parse_object(await _fetch(client, "POST", url, limit, body))
+    return parse_object(await _fetch(client, "POST", url, limit, body, request_id))
 
 
 async def get_json(client: EngineClient, url: str, limit: Limits) -> Any:
@@ -104,13 +113,15 @@ async def open_stream(
     body: dict[str, Any],
     limit: Limits,
     first_byte_s: float,
+    request_id: str | None = None,
 ) -> StreamedResponse:
     """POST and return the response once its headers arrived with status 200.
 
     The caller must release the response. Raises UpstreamError.
     """
+    data = orjson.dumps(body)
     with _transport_errors("no response headers in time"):
-        resp = await client.stream("POST", url, orjson.dumps(body), limit, first_byte_s)
+        resp = await client.stream("POST", url, data, limit, first_byte_s, request_id=request_id)
     if resp.status != 200:
         try:
             with _transport_errors():

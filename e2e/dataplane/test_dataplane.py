@@ -302,3 +302,18 @@ def test_decoder_killed_between_turns_next_turn_recomputes(dataplane):
     # and vLLM 0.32's P hangs reading them): the turn recomputes, quickly.
     assert moved(before, reuse(router)) == {"fallback": 1.0}
     assert took < 15.0, f"the turn after a decoder restart took {took:.1f} s"
+
+
+def test_engines_take_the_routers_request_id(dataplane, router):
+    """vLLM takes `X-Request-Id` as its request id, so a turn is traceable from the client's
+    header to the engines' logs and the response `id` (here D's, passed through)."""
+    body = pdclient.completion_body(dataplane.model, words(random.Random(5), 40), 2)
+    req = urllib.request.Request(
+        f"{router}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "X-Request-Id": "e2e-trace-7"},
+    )
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        assert resp.headers["X-Request-Id"] == "e2e-trace-7"
+        answer = json.loads(resp.read())
+    assert answer["id"].startswith("cmpl-e2e-trace-7-"), answer["id"]

@@ -340,6 +340,30 @@ async def test_responses_carry_a_request_id(world: Any) -> None:
     assert resp.headers["X-Request-Id"] == "abc-123"
 
 
+async def test_engines_get_the_request_id_fresh_for_every_call(world: Any) -> None:
+    """vLLM takes `X-Request-Id` as its request id: engine logs name the router's request.
+    A client reusing its id, and retries, still never give an engine one id twice."""
+    w = await world()
+    history = [{"role": "user", "content": "hello there"}]
+    seen: list[str] = []
+    for _ in range(2):
+        resp = await w.client.post(
+            "/v1/chat/completions", json=chat(history, conversation_id="c"),
+            headers={"X-Request-Id": "client-id"},
+        )  # fmt: skip
+        assert resp.status == 200
+        first = (await resp.json())["choices"][0]["message"]
+        history += [first, {"role": "user", "content": "more"}]
+    for engine in (*w.prefill, *w.decode):
+        seen += [rid for rid in engine.request_ids if rid is not None]
+    calls = sum(len(e.request_ids) for e in (*w.prefill, *w.decode))
+    assert len(seen) == calls, "an engine call went out without a request id"
+    assert all(rid.startswith("client-id-") for rid in seen), seen
+    assert len(set(seen)) == len(seen), f"an id was sent twice: {seen}"
+    stages = sorted(rid.rsplit("-", 1)[1][0] for rid in seen)
+    assert stages == ["d", "d", "p", "p", "t"], seen  # turn 2 tokenizes to verify the handle
+
+
 async def test_client_disconnect_mid_stream_stops_the_decoder(world: Any) -> None:
     w = await world(decode_spec={"stream_params": True, "chunk_delay_s": 0.2, "reply_words": 12})
     body = chat([{"role": "user", "content": "long story"}], stream=True)
