@@ -51,6 +51,15 @@ class Sample:
     prefill_s: float
     xfer_s: float
     external_tokens: float
+    p_engine_s: float
+    """P's own time to its one token, as vLLM measures it (queue, KV pull, compute)."""
+    d_engine_s: float
+    """D's own time to first token, as vLLM measures it."""
+
+    @property
+    def outside_s(self) -> float:
+        """TTFT not spent inside the engines: HTTP hops, the API servers' parsing, the router."""
+        return self.ttft_s - self.p_engine_s - self.d_engine_s
 
 
 def bench_manifest(model: str) -> Any:
@@ -70,9 +79,10 @@ def bench_manifest(model: str) -> Any:
     return DisaggregatedDeployment.model_validate(data)
 
 
-def nixl_xfer_sum(metrics: str) -> float:
-    m = re.search(r"^vllm:nixl_xfer_time_seconds_sum(?:\{[^}]*\})?\s+(\S+)$", metrics, re.M)
-    return float(m.group(1)) if m else 0.0
+def histogram_sum(metrics: str, name: str) -> float:
+    """The `_sum` of one vLLM histogram (summed over its label sets)."""
+    pattern = rf"^vllm:{name}_sum(?:\{{[^}}]*\}})?\s+(\S+)$"
+    return sum(float(v) for v in re.findall(pattern, metrics, re.M))
 
 
 def router_ttft(router: str, model: str, prompt: list[int], conv: str) -> float:
@@ -85,14 +95,31 @@ def router_ttft(router: str, model: str, prompt: list[int], conv: str) -> float:
     raise RuntimeError("no token streamed")
 
 
-def measure(p_url: str, fn: Callable[[], tuple[float, float]], mode: str, hist: int) -> Sample:
-    """Run one timed turn, with P's transfer metrics before and after."""
-    before = pdclient.scrape(p_url)
+def measure(
+    ctx: dict[str, Any], fn: Callable[[], tuple[float, float]], mode: str, hist: int
+) -> Sample:
+    """Run one timed turn, with P's and D's metrics before and after.
+
+    The engines' own TTFT histograms split the client's TTFT into time inside P, time inside
+    D, and the rest (HTTP hops and the router): that is what tells a slower P apart from a
+    router that adds time."""
+    p_before, d_before = pdclient.scrape(ctx["p"]), pdclient.scrape(ctx["d"])
     ttft, prefill = fn()
-    after = pdclient.scrape(p_url)
-    xfer = nixl_xfer_sum(after) - nixl_xfer_sum(before)
-    ext = pdclient.external_tokens(after) - pdclient.external_tokens(before)
-    return Sample(mode, hist, ttft, prefill, xfer, ext)
+    p_after, d_after = pdclient.scrape(ctx["p"]), pdclient.scrape(ctx["d"])
+
+    def grew(before: str, after: str, name: str) -> float:
+        return histogram_sum(after, name) - histogram_sum(before, name)
+
+    return Sample(
+        mode,
+        hist,
+        ttft,
+        prefill,
+        xfer_s=grew(p_before, p_after, "nixl_xfer_time_seconds"),
+        external_tokens=pdclient.external_tokens(p_after) - pdclient.external_tokens(p_before),
+        p_engine_s=grew(p_before, p_after, "time_to_first_token_seconds"),
+        d_engine_s=grew(d_before, d_after, "time_to_first_token_seconds"),
+    )
 
 
 def one_conversation(ctx: dict[str, Any], mode: str, hist: int, rng: random.Random) -> Sample:
@@ -104,7 +131,7 @@ def one_conversation(ctx: dict[str, Any], mode: str, hist: int, rng: random.Rand
         body = {**pdclient.completion_body(model, history, MAX_TOKENS), "conversation_id": conv}
         out = pdclient.post(f"{router}/v1/completions", body)["choices"][0]["token_ids"]
         prompt = history + out + [rng.randrange(16, 8000) for _ in range(NEW_TOKENS)]
-        return measure(p, lambda: (router_ttft(router, model, prompt, conv), 0.0), mode, hist)
+        return measure(ctx, lambda: (router_ttft(router, model, prompt, conv), 0.0), mode, hist)
     first = pdclient.pd_turn(p, d, model, history, None, MAX_TOKENS)
     prompt = history + first.tokens + [rng.randrange(16, 8000) for _ in range(NEW_TOKENS)]
     handle = first.handle if mode == "direct_on" else None
@@ -113,7 +140,7 @@ def one_conversation(ctx: dict[str, Any], mode: str, hist: int, rng: random.Rand
         turn = pdclient.pd_turn(p, d, model, prompt, handle, MAX_TOKENS)
         return turn.ttft_s, turn.prefill_s
 
-    return measure(p, timed, mode, hist)
+    return measure(ctx, timed, mode, hist)
 
 
 def summarize(samples: list[Sample]) -> list[dict[str, Any]]:
@@ -127,6 +154,8 @@ def summarize(samples: list[Sample]) -> list[dict[str, Any]]:
                 row[f"{mode}_prefill"] = statistics.median(s.prefill_s for s in these)
                 row[f"{mode}_xfer"] = statistics.median(s.xfer_s for s in these)
                 row[f"{mode}_external"] = statistics.median(s.external_tokens for s in these)
+                row[f"{mode}_p_engine"] = statistics.median(s.p_engine_s for s in these)
+                row[f"{mode}_outside"] = statistics.median(s.outside_s for s in these)
         rows.append(derive(row))
     return rows
 
@@ -150,16 +179,22 @@ def derive(row: dict[str, Any]) -> dict[str, Any]:
 def format_table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| history | router on | router off | on/off | direct on | direct, P recomputes "
-        "| router adds | router keeps | tokens pulled |\n|---|---|---|---|---|---|---|---|---|"
+        "| router adds | router keeps | tokens pulled | P's own time, router / direct "
+        "| outside the engines, router / direct |\n|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
+    nan = float("nan")
     for r in rows:
         lines.append(
             f"| {r['history']} | {r['router_on'] * 1000:.0f} ms | {r['router_off'] * 1000:.0f} ms "
             f"| {r['ratio_on_off']:.2f} | {r['direct_on'] * 1000:.0f} ms "
             f"| {r['direct_off'] * 1000:.0f} ms | {r['router_overhead'] * 1000:+.0f} ms "
             f"| {r['router_keeps'] * 100:.0f}% "
-            f"| {r['direct_on_external']:.0f} |"
+            f"| {r['direct_on_external']:.0f} "
+            f"| {r.get('router_on_p_engine', nan) * 1000:.0f} / "
+            f"{r.get('direct_on_p_engine', nan) * 1000:.0f} ms "
+            f"| {r.get('router_on_outside', nan) * 1000:.0f} / "
+            f"{r.get('direct_on_outside', nan) * 1000:.0f} ms |"
         )
     return "\n".join(lines)
 
@@ -265,11 +300,16 @@ def main() -> None:
         one_conversation(ctx, "direct_on", 256, rng)  # warm-up: first requests are slow
         one_conversation(ctx, "router_on", 256, rng)
         for hist in [int(h) for h in args.histories.split(",")]:
-            for _ in range(args.reps):
-                for mode in MODES:
+            for rep in range(args.reps):
+                # Rotate the order so no mode always runs right after the same other one.
+                for mode in MODES[rep % 4 :] + MODES[: rep % 4]:
                     s = one_conversation(ctx, mode, hist, rng)
                     samples.append(s)
-                    print(f"{mode:>10} {hist:>5}: TTFT {s.ttft_s * 1000:7.0f} ms", flush=True)
+                    print(
+                        f"{mode:>10} {hist:>5}: TTFT {s.ttft_s * 1000:7.0f} ms, inside P "
+                        f"{s.p_engine_s * 1000:6.0f} ms, inside D {s.d_engine_s * 1000:5.0f} ms",
+                        flush=True,
+                    )
     finally:
         for pid in reversed(pids):
             processes.stop(pid, timeout=30)
