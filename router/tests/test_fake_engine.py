@@ -7,16 +7,8 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from boomerang.router.testing import (
-    BOS,
-    END,
-    ROLE_IDS,
-    EngineSpec,
-    Fabric,
-    FakeEngine,
-    encode,
-    render_chat,
-)
+from boomerang.router.fake_tokenizer import BOS, END, ROLE_IDS, encode, render_chat
+from boomerang.router.testing import EngineSpec, Fabric, FakeEngine
 
 MESSAGES: list[dict[str, Any]] = [
     {"role": "system", "content": "be brief"},

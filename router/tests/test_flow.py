@@ -6,7 +6,8 @@ import asyncio
 import json
 from typing import Any
 
-from boomerang.router.testing import free_port, render_chat
+from boomerang.router.fake_tokenizer import render_chat
+from boomerang.router.testing import free_port
 
 
 def chat(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
