@@ -17,9 +17,9 @@ from boomerang.router.validation import ClientRequest
 
 
 def _engine_id_prefix() -> str:
-    """The request's id plus four random hex digits: clients may reuse their own
+    """The request's id plus eight random hex digits: clients may reuse their own
     `X-Request-Id`, and no engine should see one id on two live requests."""
-    return f"{logs.request_id.get()}-{os.urandom(2).hex()}"
+    return f"{logs.request_id.get()}-{os.urandom(4).hex()}"
 
 
 @dataclass
