@@ -79,7 +79,10 @@ def compute_status(
         "revisionSkew": skew,
     }
     old = {c["type"]: c for c in (previous or {}).get("conditions", [])}
-    was_ready = old.get("Ready", {}).get("status") == "True"
+    # Ready for this very spec: replicas missing since then are a fault. After a spec change
+    # (a scale-up first seen with its new pods pending) they are the change under way.
+    same_spec = (previous or {}).get("observedGeneration") == generation
+    was_ready = same_spec and old.get("Ready", {}).get("status") == "True"
     decided = _decide(roles, router, skew, error, was_ready)
     status["conditions"] = [
         _condition(kind, value, reason, message, old.get(kind), now, generation)

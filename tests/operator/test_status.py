@@ -90,6 +90,18 @@ def test_losing_replicas_after_ready_is_degraded() -> None:
     assert conditions(status)["Ready"][0] == "False"
 
 
+def test_scale_up_first_seen_with_pods_pending_is_progressing_not_degraded() -> None:
+    """The operator may first look after the StatefulSet settled (its new pods created but not
+    ready): the spec change explains the missing replicas, so this is no fault."""
+    ready = compute_status(deployment(generation=2), ready_world(), None, T0)
+    dd = deployment("minimal", {"decode": {"replicas": 3}}, generation=3)
+    world = {**ready_world(), "decode": sts(3, 1)}
+    status = compute_status(dd, world, ready, T1)
+    assert conditions(status)["Progressing"] == ("True", "WaitingForReplicas")
+    assert conditions(status)["Degraded"] == ("False", "AsExpected")
+    assert conditions(status)["Ready"][0] == "False"
+
+
 def test_half_rolled_role_reports_revision_skew() -> None:
     dd = deployment("minimal", {"decode": {"replicas": 2}}, generation=2)
     world = {**ready_world(), "decode": sts(2, 2, updated=1, skewed=True)}
