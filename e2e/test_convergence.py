@@ -1,18 +1,23 @@
 """Spec changes converge: scale, settings that roll pods through the config hash, a new image.
 
-Every change is watched from the API server, so the test sees the status the operator actually
-wrote: Progressing while the change rolls out, then Ready for the new generation. Pods are told
-apart by UID (StatefulSet pods keep their names when replaced).
+Each change is made with every node cordoned, so the pods it creates stay Pending and the
+rollout is still under way when the test looks: the status must say Progressing (not Ready,
+not Degraded) for the new generation. kwok would otherwise make pods Ready faster than the
+operator may first look, and a status that goes straight to Ready is then correct but shows
+nothing. Uncordoned, the change must reach Ready. Pods are told apart by UID (StatefulSet pods
+keep their names when replaced).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from cluster import Cluster
-from kube import is_true
-from suite import StatusWatch, apply, patched, pods, wait_ready
+from kube import is_true, wait_until
+from suite import apply, get_dd, patched, pods, wait_ready
 
 pytestmark = pytest.mark.cluster
 CONFIG_HASH = "boomerang.dev/config-hash"
@@ -32,25 +37,46 @@ def _sts(cluster: Cluster, namespace: str, name: str, role: str) -> dict[str, An
     return cluster.get_json("statefulset", f"{name}-{role}", "-n", namespace)
 
 
+@contextmanager
+def _new_pods_held_pending(cluster: Cluster) -> Iterator[None]:
+    """Cordon every node for the block: pods created meanwhile stay Pending."""
+    nodes = cluster.kubectl("get", "nodes", "-o", "name").stdout.split()
+    cluster.kubectl("cordon", *nodes)
+    try:
+        yield
+    finally:
+        cluster.kubectl("uncordon", *nodes)
+
+
 def _change(
     cluster: Cluster, namespace: str, manifest: dict[str, Any], path: str, value: Any
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Apply one spec change; return the converged resource and every version seen meanwhile."""
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Apply one spec change; return the converged resource and the Progressing one seen."""
     name = manifest["metadata"]["name"]
-    changed = patched(manifest, path, value)
-    with StatusWatch(cluster, namespace, name) as watch:
-        apply(cluster, changed, namespace)
-        dd = wait_ready(cluster, namespace, name, timeout=120)
-    generation = dd["metadata"]["generation"]
-    progressing = [
-        v
-        for v in watch.versions
-        if (v.get("status") or {}).get("observedGeneration") == generation
-        and is_true(v, "Progressing")
-        and not is_true(v, "Ready")
-    ]
-    assert progressing, "status never showed Progressing for the new generation"
-    return dd, watch.versions
+    with _new_pods_held_pending(cluster):
+        apply(cluster, patched(manifest, path, value), namespace)
+        generation = get_dd(cluster, namespace, name)["metadata"]["generation"]
+
+        def progressing() -> dict[str, Any] | None:
+            dd = get_dd(cluster, namespace, name)
+            status = dd.get("status") or {}
+            rolling = status.get("observedGeneration") == generation and is_true(dd, "Progressing")
+            return dd if rolling else None
+
+        seen = wait_until(f"Progressing for generation {generation}", progressing, timeout=60)
+        assert not is_true(seen, "Ready"), _brief(seen)
+        assert not is_true(seen, "Degraded"), _brief(seen)
+    return wait_ready(cluster, namespace, name, timeout=120), seen
+
+
+def _brief(version: dict[str, Any]) -> str:
+    """One status as `gen/observed Ready Progressing decode-counts`, for failure messages."""
+    status = version.get("status") or {}
+    flags = [c["type"] for c in status.get("conditions", []) if c.get("status") == "True"]
+    return (
+        f"{version['metadata'].get('generation')}/{status.get('observedGeneration')} "
+        f"{','.join(flags) or '-'} decode={status.get('decode')}"
+    )
 
 
 def test_scaling_decode_converges_to_the_new_count(
@@ -128,7 +154,7 @@ def test_new_image_rolls_both_roles_to_one_engine_revision(
     name = ready_minimal["metadata"]["name"]
     old_revision = wait_ready(cluster, namespace, name)["status"]["engineRevision"]
     image = "boomerang/connector:0.2.0"
-    dd, versions = _change(cluster, namespace, ready_minimal, "spec.engine.image", image)
+    dd, rolling = _change(cluster, namespace, ready_minimal, "spec.engine.image", image)
     assert dd["status"]["engineRevision"] != old_revision
     assert dd["status"]["revisionSkew"] is False
     revisions = set()
@@ -140,4 +166,5 @@ def test_new_image_rolls_both_roles_to_one_engine_revision(
     for pod in _engine_pods(cluster, namespace, name).values():
         assert pod["spec"]["containers"][0]["image"] == image
         assert is_true(pod, "Ready")
-    assert any((v.get("status") or {}).get("engineRevision") != old_revision for v in versions)
+    # The status names the new revision while the pods are still rolling to it.
+    assert rolling["status"]["engineRevision"] == dd["status"]["engineRevision"]
