@@ -5,7 +5,8 @@ per-role desired/ready/updated counts, the router's readiness and URL, the effec
 settings, and three standard conditions:
 - Ready: every role and the router have all their replicas ready at the current generation;
 - Progressing: a rollout or scale is under way (including P and D at different revisions);
-- Degraded: the last reconcile failed, or replicas are missing with no rollout to explain it.
+- Degraded: the last reconcile failed, or replicas went missing after the current spec was
+  Ready, with no rollout to explain it.
 A condition's `lastTransitionTime` moves only when its status changes, so status never flaps.
 """
 
