@@ -24,6 +24,10 @@ from typing import Literal, Protocol
 Role = Literal["prefill", "decode"]
 
 
+MAX_DEPARTED = 4096
+"""Departed URLs remembered per pool: far more pods than a pool churns through in a TTL."""
+
+
 @dataclass(eq=False)
 class Endpoint:
     """One engine as the router sees it."""
@@ -35,8 +39,9 @@ class Endpoint:
     failures: int = 0
     ejected: bool = False
     lost_at: float = 0.0
-    """Wall clock of the last ejection. An engine that went away may have restarted and lost
-    its KV: handles made before this naming it are void (see `Flow._claim`)."""
+    """Wall clock of the last ejection, or of its URL leaving discovery. An engine that went
+    away may have restarted and lost its KV: handles made before this naming it are void (see
+    `Router._claim`)."""
     probed_ok: bool = False
     successes_since_eject: int = 0
     version: str | None = None
@@ -58,11 +63,27 @@ class Pool:
     eject_after: int = 3
     readmit_after: int = 1
     endpoints: dict[str, Endpoint] = field(default_factory=dict)
+    departed: dict[str, float] = field(default_factory=dict)
+    """URL -> wall clock when discovery last dropped it (the most recent MAX_DEPARTED)."""
 
     def set_urls(self, urls: Sequence[str]) -> None:
-        """Replace the URL set (from discovery), keeping the state of URLs that remain."""
+        """Replace the URL set (from discovery), keeping the state of URLs that remain.
+
+        A URL that left and comes back is a new endpoint, but it may be the same pod restarted
+        without its KV (a pod leaves the ready EndpointSlice while it restarts and keeps its
+        IP): it comes back with `lost_at` set to when it left, which voids older handles.
+        """
         wanted = list(dict.fromkeys(u.rstrip("/") for u in urls))
-        self.endpoints = {u: self.endpoints.get(u) or Endpoint(u, self.role) for u in wanted}
+        now = time.time()
+        for url in self.endpoints.keys() - set(wanted):
+            self.departed.pop(url, None)
+            self.departed[url] = now
+        while len(self.departed) > MAX_DEPARTED:
+            del self.departed[next(iter(self.departed))]
+        self.endpoints = {u: self.endpoints.get(u) or self._arrived(u) for u in wanted}
+
+    def _arrived(self, url: str) -> Endpoint:
+        return Endpoint(url, self.role, lost_at=self.departed.pop(url, 0.0))
 
     def get(self, url: str | None) -> Endpoint | None:
         """The endpoint with this URL, if it is still known."""

@@ -6,6 +6,7 @@ import asyncio
 import json
 from typing import Any
 
+from boomerang.router.app import ROUTER
 from boomerang.router.fake_tokenizer import render_chat
 from boomerang.router.testing import free_port
 
@@ -445,6 +446,31 @@ async def test_a_decoder_that_went_down_after_the_turn_voids_its_handles(world: 
         if (await w.client.get("/ready")).status == 200:
             break
         await asyncio.sleep(0.05)
+    nxt = [*history, first["choices"][0]["message"], {"role": "user", "content": "q"}]
+    status, _ = await post(w, chat(nxt, conversation_id="c"))
+    assert status == 200
+    assert await w.reuse("fallback") == 1
+    assert await w.reuse("hit") == 0
+    assert w.fabric.violations == []
+
+
+async def test_a_decoder_that_left_discovery_and_came_back_voids_its_handles(world: Any) -> None:
+    """In Kubernetes a restarting D pod leaves the ready EndpointSlice and comes back at the
+    same IP without its blocks; the router drops the endpoint meanwhile, so the comeback is a
+    new endpoint, and it must still void the handles made before it left."""
+    w = await world()
+    pool = w.client.server.app[ROUTER].decode
+    (d_url,) = pool.endpoints
+    history = [{"role": "user", "content": "hello"}]
+    _, first = await post(w, chat(history, conversation_id="c"))
+    for _ in range(100):  # the handle is filed just after the answer is sent
+        if await w.metric("boomerang_router_handles_stored_total") == 1:
+            break
+        await asyncio.sleep(0.01)
+    pool.set_urls([])  # the pod went not-ready: discovery removes it
+    w.fabric.held.clear()  # and it restarts without its blocks
+    pool.set_urls([d_url])
+    pool.succeeded(pool.endpoints[d_url], probe=True)
     nxt = [*history, first["choices"][0]["message"], {"role": "user", "content": "q"}]
     status, _ = await post(w, chat(nxt, conversation_id="c"))
     assert status == 200

@@ -199,6 +199,24 @@ def test_ejected_engines_are_skipped_until_readmitted() -> None:
     assert len(pool.candidates()) == 2
 
 
+def test_a_url_back_from_discovery_remembers_when_it_left() -> None:
+    """Same pod IP, maybe a restarted pod: handles made before it left must stay void."""
+    from boomerang.router import endpoints
+
+    pool = Pool("decode")
+    pool.set_urls(["http://a", "http://b"])
+    pool.set_urls(["http://b"])
+    left = pool.departed["http://a"]
+    assert left > 0
+    pool.set_urls(["http://a", "http://b"])
+    assert pool.endpoints["http://a"].lost_at == left
+    assert pool.endpoints["http://b"].lost_at == 0.0
+    assert "http://a" not in pool.departed
+    for i in range(endpoints.MAX_DEPARTED + 10):  # pod churn: the memory stays bounded
+        pool.set_urls([f"http://p{i}"])
+    assert len(pool.departed) == endpoints.MAX_DEPARTED
+
+
 def test_streaming_choice_follows_what_the_engine_can_do() -> None:
     cfg = RouterConfig.model_validate(STATIC)
     ep = Endpoint("http://d", "decode", version="0.32.0")
