@@ -76,8 +76,7 @@ class Pool:
         wanted = list(dict.fromkeys(u.rstrip("/") for u in urls))
         now = time.time()
         for url in self.endpoints.keys() - set(wanted):
-            self.departed.pop(url, None)
-            self.departed[url] = now
+            self.departed[url] = now  # never there already: a URL's arrival pops it
         while len(self.departed) > MAX_DEPARTED:
             del self.departed[next(iter(self.departed))]
         self.endpoints = {u: self.endpoints.get(u) or self._arrived(u) for u in wanted}

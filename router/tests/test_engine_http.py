@@ -161,14 +161,26 @@ async def test_a_server_that_closes_after_answering_gets_a_fresh_connection(
         server.close()
 
 
-async def test_a_timed_out_call_drops_its_connection(engines: EngineClient) -> None:
+def _answer_then_await_eof(
+    answer: bytes,
+) -> tuple[Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]], asyncio.Event]:
+    """A raw handler that reads the request, writes `answer`, then waits for the client to
+    drop the connection; the event is set when it did."""
     saw_eof = asyncio.Event()
 
-    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
+        if answer:
+            writer.write(answer)
+            await writer.drain()
         await reader.read()  # returns at EOF: the client dropped the connection
         saw_eof.set()
 
+    return handler, saw_eof
+
+
+async def test_a_timed_out_call_drops_its_connection(engines: EngineClient) -> None:
+    silent, saw_eof = _answer_then_await_eof(b"")
     server, url = await _raw_server(silent)
     try:
         with pytest.raises(TimeoutError):
@@ -179,15 +191,8 @@ async def test_a_timed_out_call_drops_its_connection(engines: EngineClient) -> N
 
 
 async def test_a_cancelled_stream_drops_its_connection(engines: EngineClient) -> None:
-    saw_eof = asyncio.Event()
-
-    async def endless(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
-        await writer.drain()
-        await reader.read()  # returns at EOF: the client dropped the connection
-        saw_eof.set()
-
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n"
+    endless, saw_eof = _answer_then_await_eof(head)
     server, url = await _raw_server(endless)
     try:
         resp = await engines.stream("POST", url + "/", b"{}", LIMITS, headers_s=1.0)

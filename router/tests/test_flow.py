@@ -429,6 +429,17 @@ async def test_a_trusted_gateway_header_scopes_conversations(world: Any) -> None
     assert await w.reuse("hit") == 1
 
 
+async def next_turn_recomputes(w: Any, history: list[Any], first: dict[str, Any]) -> None:
+    """The conversation's next turn succeeds without its (void) handle: a fallback, no hit,
+    and no read of blocks D no longer holds."""
+    nxt = [*history, first["choices"][0]["message"], {"role": "user", "content": "q"}]
+    status, _ = await post(w, chat(nxt, conversation_id="c"))
+    assert status == 200
+    assert await w.reuse("fallback") == 1
+    assert await w.reuse("hit") == 0
+    assert w.fabric.violations == []
+
+
 async def test_a_decoder_that_went_down_after_the_turn_voids_its_handles(world: Any) -> None:
     w = await world()
     d = w.decode[0]
@@ -446,12 +457,7 @@ async def test_a_decoder_that_went_down_after_the_turn_voids_its_handles(world: 
         if (await w.client.get("/ready")).status == 200:
             break
         await asyncio.sleep(0.05)
-    nxt = [*history, first["choices"][0]["message"], {"role": "user", "content": "q"}]
-    status, _ = await post(w, chat(nxt, conversation_id="c"))
-    assert status == 200
-    assert await w.reuse("fallback") == 1
-    assert await w.reuse("hit") == 0
-    assert w.fabric.violations == []
+    await next_turn_recomputes(w, history, first)
 
 
 async def test_a_decoder_that_left_discovery_and_came_back_voids_its_handles(world: Any) -> None:
@@ -471,9 +477,4 @@ async def test_a_decoder_that_left_discovery_and_came_back_voids_its_handles(wor
     w.fabric.held.clear()  # and it restarts without its blocks
     pool.set_urls([d_url])
     pool.succeeded(pool.endpoints[d_url], probe=True)
-    nxt = [*history, first["choices"][0]["message"], {"role": "user", "content": "q"}]
-    status, _ = await post(w, chat(nxt, conversation_id="c"))
-    assert status == 200
-    assert await w.reuse("fallback") == 1
-    assert await w.reuse("hit") == 0
-    assert w.fabric.violations == []
+    await next_turn_recomputes(w, history, first)
