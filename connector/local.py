@@ -26,9 +26,12 @@ import yaml
 from boomerang.connector import config as connector
 from boomerang.connector import processes
 from boomerang.connector.config import Role
+from boomerang.connector.engine_venv import engine_command
+from boomerang.connector.engine_venv import ensure as ensure_venv
 from boomerang.connector.model import cache_root
 
-INSTALL_SCRIPT = Path(__file__).resolve().parent / "install-engine.sh"
+DEFAULT_MANIFEST = Path(__file__).resolve().parent / "local-cpu.yaml"
+"""The embedded default of `boomerang up` and `boomerang demo` (also `examples/local-cpu.yaml`)."""
 ENGINE_START_TIMEOUT_S = 600.0
 
 
@@ -98,7 +101,7 @@ def engine_spec(
     env = {**base_env, **render.engine_env(dd, role), **engine_local_env(role, ports)}
     return processes.ProcessSpec(
         name=role,
-        cmd=[str(engine_venv / "bin" / "boomerang-engine"), "--", *args],
+        cmd=[*engine_command(engine_venv), *args],
         env=env,
         log=run_dir / f"{role}.log",
         health_url=f"http://127.0.0.1:{ports.http(role)}/health",
@@ -143,14 +146,10 @@ def run_dir(env: Mapping[str, str] | None = None) -> Path:
 
 
 def ensure_engine_venv() -> Path:
-    """The engine venv (installed on first use, cached): its path is the script's last line."""
-    override = os.environ.get("BOOMERANG_ENGINE_VENV")
-    if override:
-        return Path(override)
-    out = subprocess.run(
-        ["bash", str(INSTALL_SCRIPT)], check=True, stdout=subprocess.PIPE, text=True
-    ).stdout
-    return Path(out.strip().splitlines()[-1])
+    """The engine venv (installed on first use, cached), with this Boomerang linked in."""
+    venv = ensure_venv()
+    assert venv is not None  # ensure() builds it or raises
+    return venv
 
 
 def build_model(engine_venv: Path, source: str, env: Mapping[str, str]) -> None:
@@ -202,6 +201,7 @@ def up(manifest: Path, ports: LocalPorts | None = None, log: Any = print) -> str
     specs.append(router_spec("router", config_file, ports.router, rdir, base_env))
     endpoint = f"http://127.0.0.1:{ports.router}/v1"
     state = {"name": dd.name, "endpoint": endpoint, "model": dd.spec.model.served_name}
+    state["engines"] = {r: f"http://127.0.0.1:{ports.http(r)}" for r in connector.ROLES}
     state["processes"] = []
     try:
         # Engines first (they start together), the router once they answer: it would otherwise

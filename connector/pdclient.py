@@ -13,12 +13,14 @@ answers with the handle for the next turn.
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
 _BY_SOURCE = ("vllm:prompt_tokens_by_source", "vllm:prompt_tokens_by_source_total")
+_SOURCE = re.compile(r'source="(\w+)"')
 FRESH = {
     "do_remote_decode": True,
     "do_remote_prefill": False,
@@ -127,11 +129,18 @@ def scrape(url: str) -> str:
         return str(resp.read().decode())
 
 
-def external_tokens(metrics_text: str) -> float:
-    """P's `prompt_tokens_by_source{source="external_kv_transfer"}` total."""
-    total = 0.0
+def tokens_by_source(metrics_text: str) -> dict[str, float]:
+    """An engine's `prompt_tokens_by_source` totals: `external_kv_transfer` (pulled from the
+    other engine), `local_compute`, `local_cache_hit`."""
+    totals: dict[str, float] = {}
     for line in metrics_text.splitlines():
         name = line.split("{", 1)[0]
-        if name in _BY_SOURCE and "external_kv_transfer" in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+        found = _SOURCE.search(line) if name in _BY_SOURCE else None
+        if found:
+            totals[found[1]] = totals.get(found[1], 0.0) + float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+def external_tokens(metrics_text: str) -> float:
+    """P's `prompt_tokens_by_source{source="external_kv_transfer"}` total."""
+    return tokens_by_source(metrics_text).get("external_kv_transfer", 0.0)

@@ -29,10 +29,9 @@ def test_engine_runs_the_rendered_args_with_local_host_and_port(dd, role, tmp_pa
     spec = local.engine_spec(
         dd, role, engine_venv=tmp_path / "venv", ports=ports, run_dir=tmp_path, base_env={}
     )
-    assert (
-        spec.cmd[0] == str(tmp_path / "venv" / "bin" / "boomerang-engine") and spec.cmd[1] == "--"
-    )
-    args = list(spec.cmd[2:])
+    python = str(tmp_path / "venv" / "bin" / "python")
+    assert spec.cmd[:4] == [python, "-m", "boomerang.connector.entrypoint", "--"]
+    args = list(spec.cmd[4:])
     rendered = render.engine_args(dd, role)
     assert args[args.index("--host") + 1] == "127.0.0.1"
     assert args[args.index("--port") + 1] == str(ports.http(role))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from boomerang.connector import model
+from boomerang.connector import engine_venv, model
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,13 +37,8 @@ def test_training_text_is_the_same_every_time() -> None:
 
 
 def _engine_python() -> str | None:
-    out = subprocess.run(
-        ["bash", str(REPO / "connector" / "install-engine.sh"), "--check"],
-        stdout=subprocess.PIPE,
-        text=True,
-        check=False,
-    )
-    return out.stdout.strip() + "/bin/python" if out.returncode == 0 else None
+    venv = engine_venv.ensure(check=True)
+    return str(venv / "bin" / "python") if venv is not None else None
 
 
 @pytest.mark.engine

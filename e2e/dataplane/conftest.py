@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
+from boomerang.connector import engine_venv as engine_venvs
 from boomerang.connector import local, processes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,17 +34,14 @@ PORTS = local.LocalPorts(
 ENGINE_START_S = 900.0
 
 
-def engine_venv() -> Path | None:
-    if os.environ.get("BOOMERANG_ENGINE_VENV"):
-        return Path(os.environ["BOOMERANG_ENGINE_VENV"])
-    script = REPO / "connector" / "install-engine.sh"
-    args = ["bash", str(script)] if os.environ.get("CI") else ["bash", str(script), "--check"]
-    out = subprocess.run(args, stdout=subprocess.PIPE, text=True, check=False)
-    if out.returncode != 0:
-        if os.environ.get("CI"):
-            pytest.fail("engine venv install failed under CI")
-        return None
-    return Path(out.stdout.strip().splitlines()[-1])
+def engine_venv(route: str | None = None) -> Path | None:
+    """The engine venv of `route` (the default route when None): built under CI, where a
+    missing one fails the test; elsewhere only used when already built."""
+    ci = bool(os.environ.get("CI"))
+    try:
+        return engine_venvs.ensure(route, check=not ci)
+    except RuntimeError as exc:
+        pytest.fail(f"engine venv install failed under CI: {exc}")
 
 
 @dataclass
