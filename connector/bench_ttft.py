@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from boomerang.connector import local, pdclient, processes
+from boomerang.connector import calibrate, local, machine, pdclient, processes
 
 REPO = Path(__file__).resolve().parents[1]
 PORTS = local.LocalPorts(
@@ -85,11 +85,11 @@ def histogram_sum(metrics: str, name: str) -> float:
     return sum(float(v) for v in re.findall(pattern, metrics, re.M))
 
 
-def router_ttft(router: str, model: str, prompt: list[int], conv: str) -> float:
+def router_ttft(router: str, model: str, prompt: list[int], conv: str, timeout: float) -> float:
     body = {**pdclient.completion_body(model, prompt, MAX_TOKENS), "stream": True}
     body["conversation_id"] = conv
     start = time.perf_counter()
-    for arrived, chunk in pdclient.stream_events(f"{router}/v1/completions", body):
+    for arrived, chunk in pdclient.stream_events(f"{router}/v1/completions", body, timeout):
         if any(c.get("token_ids") or c.get("text") for c in chunk.get("choices", [])):
             return float(arrived - start)
     raise RuntimeError("no token streamed")
@@ -123,24 +123,54 @@ def measure(
 
 
 def one_conversation(ctx: dict[str, Any], mode: str, hist: int, rng: random.Random) -> Sample:
-    model, p, d = ctx["model"], ctx["p"], ctx["d"]
+    model, p, d, limit = ctx["model"], ctx["p"], ctx["d"], ctx["timeout"]
     history = [rng.randrange(16, 8000) for _ in range(hist)]
     conv = f"{mode}-{hist}-{rng.randrange(1 << 30)}"
     if mode.startswith("router"):
         router = ctx[mode]
         body = {**pdclient.completion_body(model, history, MAX_TOKENS), "conversation_id": conv}
-        out = pdclient.post(f"{router}/v1/completions", body)["choices"][0]["token_ids"]
-        prompt = history + out + [rng.randrange(16, 8000) for _ in range(NEW_TOKENS)]
-        return measure(ctx, lambda: (router_ttft(router, model, prompt, conv), 0.0), mode, hist)
-    first = pdclient.pd_turn(p, d, model, history, None, MAX_TOKENS)
-    prompt = history + first.tokens + [rng.randrange(16, 8000) for _ in range(NEW_TOKENS)]
+        resp = pdclient.post(f"{router}/v1/completions", body, limit)
+        prompt = history + resp["choices"][0]["token_ids"] + fresh(rng)
+
+        def timed_router() -> tuple[float, float]:
+            return router_ttft(router, model, prompt, conv, limit), 0.0
+
+        return measure(ctx, timed_router, mode, hist)
+    first = pdclient.pd_turn(p, d, model, history, None, MAX_TOKENS, limit)
+    prompt = history + first.tokens + fresh(rng)
     handle = first.handle if mode == "direct_on" else None
 
-    def timed() -> tuple[float, float]:
-        turn = pdclient.pd_turn(p, d, model, prompt, handle, MAX_TOKENS)
+    def timed_direct() -> tuple[float, float]:
+        turn = pdclient.pd_turn(p, d, model, prompt, handle, MAX_TOKENS, limit)
         return turn.ttft_s, turn.prefill_s
 
-    return measure(ctx, timed, mode, hist)
+    return measure(ctx, timed_direct, mode, hist)
+
+
+def fresh(rng: random.Random) -> list[int]:
+    """The next turn's new tokens."""
+    return [rng.randrange(16, 8000) for _ in range(NEW_TOKENS)]
+
+
+def plan(
+    histories: list[int], reps: int, cost: calibrate.PrefillCost, budget_s: float
+) -> tuple[list[int], list[str]]:
+    """The histories that fit the time budget on this machine, and a note per one left out.
+
+    Each conversation computes its history once on turn 1, and the two recompute modes compute
+    it again on turn 2: per history about `reps * 6` full prefills."""
+    kept, notes, total = [], [], 0.0
+    for hist in sorted(histories):
+        need = reps * 6 * cost.seconds(hist + NEW_TOKENS)
+        if total + need > budget_s:
+            notes.append(
+                f"left out {hist}: about {need / 60:.0f} more minutes on this machine "
+                f"(budget {budget_s / 60:.0f} min, --budget-min to change)"
+            )
+            continue
+        kept.append(hist)
+        total += need
+    return kept, notes
 
 
 def summarize(samples: list[Sample]) -> list[dict[str, Any]]:
@@ -249,31 +279,36 @@ def draw(rows: list[dict[str, Any]], out: Path, model: str) -> None:
     plt.close(fig)
 
 
-def start_stack(dd: Any, run_dir: Path, venv: Path) -> tuple[dict[str, Any], list[int]]:
+def start_engines(dd: Any, run_dir: Path, venv: Path) -> tuple[dict[str, Any], list[int]]:
     env = dict(os.environ)
     local.build_model(venv, dd.spec.model.source, env)
-    pids = []
     specs = [
         local.engine_spec(dd, r, engine_venv=venv, ports=PORTS, run_dir=run_dir, base_env=env)
         for r in ("prefill", "decode")
     ]
-    for spec in specs:
-        pids.append(processes.spawn(spec).pid)
+    pids = [processes.spawn(spec).pid for spec in specs]
     for spec, pid in zip(specs, pids, strict=True):
         processes.wait_healthy(spec, pid, 900)
     ctx: dict[str, Any] = {"model": dd.spec.model.served_name}
     ctx["p"] = f"http://127.0.0.1:{PORTS.prefill}"
     ctx["d"] = f"http://127.0.0.1:{PORTS.decode}"
+    return ctx, pids
+
+
+def start_routers(
+    dd: Any, run_dir: Path, ctx: dict[str, Any], timeouts: dict[str, float], pids: list[int]
+) -> None:
+    """A reuse-on and a reuse-off router, with timeouts sized by this machine's prefill."""
     for i, (mode, bidi) in enumerate((("router_on", True), ("router_off", False))):
         port = PORTS.router + i
         cfg = local.router_settings(dd, PORTS, listen_port=port, bidirectional=bidi)
+        cfg["timeouts"] = {**cfg.get("timeouts", {}), **timeouts}
         cfg_file = run_dir / f"{mode}.yaml"
         cfg_file.write_text(yaml.safe_dump(cfg))
-        spec = local.router_spec(mode, cfg_file, port, run_dir, env)
+        spec = local.router_spec(mode, cfg_file, port, run_dir, dict(os.environ))
         pids.append(processes.spawn(spec).pid)
         processes.wait_healthy(spec, pids[-1], 60)
         ctx[mode] = f"http://127.0.0.1:{port}"
-    return ctx, pids
 
 
 def main() -> None:
@@ -281,6 +316,13 @@ def main() -> None:
     ap.add_argument("--model", default="small", choices=["tiny", "small"])
     ap.add_argument("--histories", default="1024,2048,4096,8192")
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument(
+        "--budget-min",
+        type=float,
+        default=90.0,
+        help="leave out the longest histories whose estimated time (from P's measured prefill "
+        "speed) would exceed this many minutes",
+    )
     ap.add_argument("--out", type=Path, default=REPO / "connector" / "bench")
     ap.add_argument("--replot", action="store_true", help="redraw from OUT/results.json only")
     args = ap.parse_args()
@@ -292,14 +334,32 @@ def main() -> None:
     dd = bench_manifest(args.model)
     venv = local.ensure_engine_venv()
     run_dir = Path(tempfile.mkdtemp(prefix="boomerang-bench-"))
-    print(f"logs in {run_dir}", flush=True)
-    ctx, pids = start_stack(dd, run_dir, venv)
+    header = f"machine: {machine.describe(venv)}"
+    print(f"{header}\nlogs in {run_dir}", flush=True)
+    ctx, pids = start_engines(dd, run_dir, venv)
     rng = random.Random(2026)
     samples: list[Sample] = []
     try:
+        ctx["timeout"] = 3600.0
         one_conversation(ctx, "direct_on", 256, rng)  # warm-up: first requests are slow
+        # Measured now, with D holding the warm-up's blocks as it will all run (its worker then
+        # spins and P gets less of the machine than on an idle one).
+        cost = calibrate.measure(ctx["p"], ctx["model"])
+        histories, notes = plan(
+            [int(h) for h in args.histories.split(",")], args.reps, cost, args.budget_min * 60
+        )
+        longest = max(histories, default=1024) + NEW_TOKENS + MAX_TOKENS
+        timeouts = calibrate.router_timeouts(cost, longest)
+        ctx["timeout"] = timeouts["decode_total_s"]
+        header += (
+            f"\nprefill measured on P: {cost.rate(1024):.0f} tokens/s at 1024 tokens; "
+            f"timeouts {timeouts['prefill_s']:.0f}s (prefill) for {longest}-token prompts"
+        )
+        header += "".join(f"\n{note}" for note in notes)
+        print(header, flush=True)
+        start_routers(dd, run_dir, ctx, timeouts, pids)
         one_conversation(ctx, "router_on", 256, rng)
-        for hist in [int(h) for h in args.histories.split(",")]:
+        for hist in histories:
             for rep in range(args.reps):
                 # Rotate the order so no mode always runs right after the same other one.
                 for mode in MODES[rep % 4 :] + MODES[: rep % 4]:
@@ -316,7 +376,9 @@ def main() -> None:
     rows = summarize(samples)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(rows, indent=2))
+    (args.out / "machine.txt").write_text(header + "\n")
     draw(rows, args.out, args.model)
+    print(header)
     print(format_table(rows))
 
 

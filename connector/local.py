@@ -23,8 +23,8 @@ from typing import Any
 
 import yaml
 
+from boomerang.connector import calibrate, processes
 from boomerang.connector import config as connector
-from boomerang.connector import processes
 from boomerang.connector.config import Role
 from boomerang.connector.engine_venv import engine_command
 from boomerang.connector.engine_venv import ensure as ensure_venv
@@ -193,7 +193,6 @@ def up(manifest: Path, ports: LocalPorts | None = None, log: Any = print) -> str
     log(f"Building model {dd.spec.model.source} (cached after the first run)")
     build_model(venv, dd.spec.model.source, base_env)
     config_file = rdir / "router.yaml"
-    config_file.write_text(yaml.safe_dump(router_settings(dd, ports), sort_keys=True))
     specs = [
         engine_spec(dd, r, engine_venv=venv, ports=ports, run_dir=rdir, base_env=base_env)
         for r in connector.ROLES
@@ -207,11 +206,29 @@ def up(manifest: Path, ports: LocalPorts | None = None, log: Any = print) -> str
         # Engines first (they start together), the router once they answer: it would otherwise
         # eject them as unhealthy while they load.
         _start(specs[:2], state, rdir, log)
+        settings = router_settings(dd, ports)
+        settings["timeouts"] = {
+            **settings.get("timeouts", {}),
+            **calibrated_timeouts(dd, ports, log),
+        }
+        config_file.write_text(yaml.safe_dump(settings, sort_keys=True))
         _start(specs[2:], state, rdir, log)
     except BaseException:
         down(log=lambda _msg: None)
         raise
     return endpoint
+
+
+def calibrated_timeouts(dd: Any, ports: LocalPorts, log: Any) -> dict[str, float]:
+    """The router's prefill-bound timeouts, from P's measured speed at the longest prompt."""
+    longest = dd.spec.model.max_model_len or calibrate.DEFAULT_LONGEST
+    cost = calibrate.measure(f"http://127.0.0.1:{ports.prefill}", dd.spec.model.served_name)
+    timeouts = calibrate.router_timeouts(cost, longest)
+    log(
+        f"Measured prefill {cost.rate(1024):.0f} tokens/s at 1024 tokens; router prefill "
+        f"timeout {timeouts['prefill_s']:.0f}s for {longest}-token prompts"
+    )
+    return timeouts
 
 
 def _start(specs: list[processes.ProcessSpec], state: dict[str, Any], rdir: Path, log: Any) -> None:

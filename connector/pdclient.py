@@ -91,28 +91,34 @@ def pd_turn(
     prompt: list[int],
     handle: dict[str, Any] | None,
     max_tokens: int = 8,
+    timeout: float = 300.0,
 ) -> Turn:
     """One turn through P then D (D streamed, so TTFT is the first token's arrival)."""
     start = time.perf_counter()
     p_body = {**completion_body(model, prompt, 1), "stream": False}
     p_body["kv_transfer_params"] = handle or dict(FRESH)
-    p_resp = post(f"{p_url}/v1/completions", p_body)
+    p_resp = post(f"{p_url}/v1/completions", p_body, timeout)
     prefill_s = time.perf_counter() - start
     d_body = {**completion_body(model, prompt, max_tokens), "stream": True}
     d_body["kv_transfer_params"] = p_resp["kv_transfer_params"]
-    return _collect(f"{d_url}/v1/completions", d_body, prompt, start, prefill_s)
+    return _collect(f"{d_url}/v1/completions", d_body, prompt, (start, prefill_s), timeout)
 
 
-def single_turn(url: str, model: str, prompt: list[int], max_tokens: int = 8) -> Turn:
+def single_turn(
+    url: str, model: str, prompt: list[int], max_tokens: int = 8, timeout: float = 300.0
+) -> Turn:
     """The same prompt on one engine with no transfer at all: the correctness reference."""
     start = time.perf_counter()
     body = {**completion_body(model, prompt, max_tokens), "stream": True}
-    return _collect(f"{url}/v1/completions", body, prompt, start, 0.0)
+    return _collect(f"{url}/v1/completions", body, prompt, (start, 0.0), timeout)
 
 
-def _collect(url: str, body: dict[str, Any], prompt: list[int], start: float, pre: float) -> Turn:
+def _collect(
+    url: str, body: dict[str, Any], prompt: list[int], times: tuple[float, float], timeout: float
+) -> Turn:
+    start, pre = times
     turn = Turn(prompt=prompt, tokens=[], logprobs=[], ttft_s=0.0, prefill_s=pre)
-    for arrived, chunk in stream_events(url, body):
+    for arrived, chunk in stream_events(url, body, timeout):
         for choice in chunk.get("choices", []):
             ids = choice.get("token_ids") or []
             if ids and not turn.tokens:
