@@ -295,13 +295,25 @@ def start_engines(dd: Any, run_dir: Path, venv: Path) -> tuple[dict[str, Any], l
     return ctx, pids
 
 
+ROUTERS: dict[str, dict[str, Any]] = {
+    "router_on": {"bidirectional": True},
+    "router_off": {"bidirectional": False},
+}
+"""The two routers this benchmark compares: reuse on, and reuse off (P recomputes)."""
+
+
 def start_routers(
-    dd: Any, run_dir: Path, ctx: dict[str, Any], timeouts: dict[str, float], pids: list[int]
+    dd: Any,
+    run_dir: Path,
+    ctx: dict[str, Any],
+    timeouts: dict[str, float],
+    pids: list[int],
+    routers: dict[str, dict[str, Any]] = ROUTERS,
 ) -> None:
-    """A reuse-on and a reuse-off router, with timeouts sized by this machine's prefill."""
-    for i, (mode, bidi) in enumerate((("router_on", True), ("router_off", False))):
+    """One router per entry (name -> config overrides), timeouts sized by this machine."""
+    for i, (mode, overrides) in enumerate(routers.items()):
         port = PORTS.router + i
-        cfg = local.router_settings(dd, PORTS, listen_port=port, bidirectional=bidi)
+        cfg = local.router_settings(dd, PORTS, listen_port=port, **overrides)
         cfg["timeouts"] = {**cfg.get("timeouts", {}), **timeouts}
         cfg_file = run_dir / f"{mode}.yaml"
         cfg_file.write_text(yaml.safe_dump(cfg))
