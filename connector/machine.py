@@ -37,7 +37,7 @@ def kernel_set(avx512: bool, avx512_bf16: bool) -> str:
 
 def cpu_info(text: str) -> tuple[str, list[str]]:
     """The model name and the features of FEATURES present, from /proc/cpuinfo's text."""
-    model, flags = "unknown CPU", set()
+    model, flags = "unknown CPU", set[str]()
     for line in text.splitlines():
         key, _, value = line.partition(":")
         if key.strip() == "model name" and model == "unknown CPU":

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-BUILD_VERSION = 1
+BUILD_VERSION = 2
 """Bump when anything below changes what gets built: it is part of the cache path."""
 SEED = 20261129
 VOCAB_SIZE = 8192
@@ -38,12 +38,24 @@ SPECIAL_TOKENS = [PAD, BOS, EOS, USER, ASSISTANT, SYSTEM]
 
 # One turn per message: role marker, content, end-of-turn; the generation prompt opens an
 # assistant turn. Content is not stripped, so text the client sent is exactly what is tokenised.
+# Like Qwen3's and GLM's templates, an assistant message before the last user message loses its
+# reasoning (everything up to `</think>`): the next turn's prompt then differs from the ids the
+# decoder generated, which is what the partial-reuse tests need to reproduce.
 CHAT_TEMPLATE = (
+    "{%- set ns = namespace(last_user=-1) -%}"
+    "{%- for m in messages -%}"
+    "{%- if m['role'] == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}"
+    "{%- endfor -%}"
     "{{ bos_token }}"
-    "{% for message in messages %}"
-    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + '<|eot|>\\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+    "{%- for message in messages -%}"
+    "{%- set content = message['content'] -%}"
+    "{%- if message['role'] == 'assistant' and loop.index0 < ns.last_user"
+    " and '</think>' in content -%}"
+    "{%- set content = content.split('</think>')[-1].lstrip('\\n') -%}"
+    "{%- endif -%}"
+    "{{ '<|' + message['role'] + '|>\\n' + content + '<|eot|>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|assistant|>\\n' }}{%- endif -%}"
 )
 
 

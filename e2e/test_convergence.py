@@ -115,7 +115,7 @@ def test_scale_changes_reach_ready_from_events_not_the_repair_timer(
     ("path", "value", "status_key", "expected", "router_sees_it"),
     [
         ("spec.kvTransfer.decoderBlocksTTL", "600s", "decoderBlocksTTLSeconds", 600, True),
-        ("spec.kvTransfer.recomputeThreshold", 256, "recomputeThreshold", 256, False),
+        ("spec.kvTransfer.recomputeThreshold", 256, "recomputeThreshold", 256, True),
     ],
     ids=["decoder-ttl", "recompute-threshold"],
 )

@@ -139,6 +139,7 @@ def router_config(
         decode=decode or discovered("decode"),
         bidirectional=dd.spec.kv_transfer.bidirectional,
         decoder_blocks_ttl_s=parse_duration(dd.spec.kv_transfer.decoder_blocks_ttl),
+        recompute_threshold=dd.spec.kv_transfer.recompute_threshold,
         handle_ttl_s=dd.spec.router_ttl_seconds,
         store=StoreConfig(kind=store.type, url=store.url or _secret_placeholder(store.type)),
         api_keys_file=_api_keys_file(dd),

@@ -32,7 +32,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--api-keys-file", help="require Bearer keys listed in this file")
     p.add_argument("--decoder-blocks-ttl", type=float, help="D's decoder_kv_blocks_ttl, seconds")
     p.add_argument("--handle-ttl", type=float, help="router handle TTL, seconds")
+    p.add_argument("--recompute-threshold", type=int, help="P's kv_recompute_threshold, tokens")
     p.add_argument("--no-bidirectional", action="store_true", help="never attach D's params to P")
+    p.add_argument("--no-partial-reuse", action="store_true", help="full hits only, no partial")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING, ...")
     return p.parse_args(argv)
 
@@ -47,6 +49,7 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "api_keys_file": "api_keys_file",
         "decoder_blocks_ttl": "decoder_blocks_ttl_s",
         "handle_ttl": "handle_ttl_s",
+        "recompute_threshold": "recompute_threshold",
         "log_level": "log_level",
     }
     for flag, field in simple.items():
@@ -61,6 +64,8 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
         out["store"] = {"kind": "redis", "url": args.redis_url}
     if args.no_bidirectional:
         out["bidirectional"] = False
+    if args.no_partial_reuse:
+        out["partial_reuse"] = False
     return out
 
 

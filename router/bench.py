@@ -1,6 +1,7 @@
 """Router overhead benchmark: instant fake engines on loopback, router vs calling them directly.
 
-Run: `PYTHONSAFEPATH=1 python -m boomerang.router.bench [--rate 500] [--no-pin]` (~2 min, 2 cores).
+Run: `PYTHONSAFEPATH=1 python -m boomerang.router.bench [--rate 500] [--no-pin]` (~2 min, 2 cores,
+plus the memory table; `--memory-only` prints just that table, about 4 min on 2 busy cores).
 
 Three processes, on uvloop when it is installed: the fake P and D engines (testing.py's
 `FakeEngine`, both in one process), the router (`boomerang-router`, as deployed) and this load
@@ -24,8 +25,9 @@ process's user+system time (/proc) during the router rounds / router turns (the 
 requests per routed turn: tokenize, P, D). Fixed offered load: a slot waits an exponential think
 time (mean N / rate, seeded: the same in both modes) before each turn, for a fixed time per round,
 so about `--rate` turns/s arrive (fewer at 1 slot, whose latency adds to its think time). Memory
-per stored conversation: tracemalloc over 100k realistic handles (a 1k token history: 63 block
-ids, as vLLM's 16-token blocks give), in this process.
+per stored conversation: tracemalloc over 100k realistic handles in this process (D's params with
+one block id per block and the per-block hashes), for a 1k-token history in 16-token blocks and
+8k and 32k tokens in 128-token blocks (`bench_memory.CASES`).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ import orjson
 from aiohttp import web
 
 from boomerang.router import protocol
-from boomerang.router.bench_memory import memory_per_conversation
+from boomerang.router.bench_memory import CASES, memory_per_conversation
 from boomerang.router.engine_http import EngineClient, Limits
 from boomerang.router.testing import EngineSpec, Fabric, FakeEngine, free_port, wait_port
 from boomerang.router.validation import validate
@@ -291,6 +293,21 @@ def _checks(bench: Bench) -> list[str]:
     return problems
 
 
+def _memory_table() -> None:
+    """Bytes per stored conversation in the memory store, for each `bench_memory.CASES`, with
+    D's block ids in one run and drawn at random (a fragmented KV cache, the worst case)."""
+    print("Memory store: bytes per stored conversation (100k conversations, tracemalloc)")
+    cells = ("history tokens", "block size", "block ids", "block hashes", "contiguous ids")
+    print("| " + " | ".join(cells) + " | scattered ids |\n" + "|---" * 6 + "|")
+    for tokens, size in CASES:
+        per = [
+            memory_per_conversation(scattered=s, tokens=tokens, block_size=size)
+            for s in (False, True)
+        ]
+        blocks, hashes = -(-tokens // size), 8 * (tokens // size)
+        print(f"| {tokens} | {size} | {blocks} | {hashes} B | {per[0]:.0f} | {per[1]:.0f} |")
+
+
 def _spawn(args: list[str], cpus: list[int] | None) -> subprocess.Popen[bytes]:
     """A Python child of this interpreter, pinned to `cpus` (None: where this process runs)."""
     proc = subprocess.Popen([sys.executable, *args], env={**os.environ, "PYTHONSAFEPATH": "1"})
@@ -310,8 +327,12 @@ def main(argv: list[str] | None = None) -> None:
         action=argparse.BooleanOptionalAction,
         help="router alone on the first CPU, the rest on the others (default: with 2+ CPUs)",
     )
+    ap.add_argument("--memory-only", action="store_true", help="print only the memory table")
     ap.add_argument("--serve-engines", nargs=2, type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.memory_only:
+        _memory_table()
+        return
     loop_name = _use_uvloop()
     if args.serve_engines:
         asyncio.run(_serve_engines(*args.serve_engines))
@@ -360,13 +381,7 @@ def _run(bench: Bench, loop_name: str) -> int:
     _table(bench, fixed_load=True)
     problems = _checks(bench)
     print(f"load average after: {os.getloadavg()[0]:.2f}\n")
-    for scattered in (False, True):
-        kind = "scattered" if scattered else "contiguous"
-        per = memory_per_conversation(scattered=scattered)
-        print(
-            f"memory store: {per:.0f} bytes per stored conversation (100k conversations, "
-            f"1k-token history, 63 {kind} block ids)"
-        )
+    _memory_table()
     for problem in problems:
         print(f"FAILED: {problem}")
     return 1 if problems else 0

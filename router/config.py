@@ -137,6 +137,17 @@ class RouterConfig(_Model):
     decoder_blocks_ttl_s: float = Field(
         default=480.0, gt=0, description="D's decoder_kv_blocks_ttl (how long D pins blocks)."
     )
+    recompute_threshold: int = Field(
+        default=64,
+        ge=0,
+        description="P's kv_recompute_threshold: a partial reuse (the whole blocks of D that "
+        "the new prompt shares) of fewer tokens than this is not offered; P computes instead.",
+    )
+    partial_reuse: bool = Field(
+        default=True,
+        description="When the new prompt diverges from D's tokens, attach D's handle narrowed to "
+        "the whole blocks of the common prefix; false: full hits only (all or nothing).",
+    )
     handle_ttl_s: float | None = Field(
         default=None,
         description="How long the router offers a handle; default derived below the decoder TTL.",
@@ -254,6 +265,8 @@ _ENV_SCALARS: dict[str, tuple[str, ...]] = {
     "BOOMERANG_ROUTER_BIDIRECTIONAL": ("bidirectional",),
     "BOOMERANG_ROUTER_DECODER_BLOCKS_TTL_S": ("decoder_blocks_ttl_s",),
     "BOOMERANG_ROUTER_HANDLE_TTL_S": ("handle_ttl_s",),
+    "BOOMERANG_ROUTER_RECOMPUTE_THRESHOLD": ("recompute_threshold",),
+    "BOOMERANG_ROUTER_PARTIAL_REUSE": ("partial_reuse",),
     "BOOMERANG_ROUTER_LOG_LEVEL": ("log_level",),
     "BOOMERANG_REDIS_URL": ("store", "url"),
     "BOOMERANG_API_KEYS_FILE": ("api_keys_file",),

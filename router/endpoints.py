@@ -3,8 +3,8 @@
 An endpoint is one engine pod's base URL. Its state is what the router observed: in-flight
 requests and outstanding work (estimated prompt tokens), consecutive failures (ejected after
 `eject_after_failures`, brought back by the health prober), and capabilities (vLLM version,
-whether streamed responses carry kv_transfer_params). Discovery replaces the URL set; state of
-surviving URLs is kept.
+whether streamed responses carry kv_transfer_params, the KV block size). Discovery replaces the
+URL set; state of surviving URLs is kept.
 
 Selection is a small strategy object so it can be replaced: the default sends prefill to the
 least outstanding work and keeps a conversation on the decode pod that holds its history (its
@@ -45,6 +45,10 @@ class Endpoint:
     probed_ok: bool = False
     successes_since_eject: int = 0
     version: str | None = None
+    block_size: int | None = None
+    """KV block size in tokens from the engine's `vllm:cache_config_info` gauge (decode pool):
+    None until learned, 0 when the engine does not say (then its handles allow full hits only).
+    Forgotten on ejection: an engine that went away may come back configured differently."""
     stream_params: bool | None = None
     """Whether D's streamed final chunk carries kv_transfer_params (None: not known yet)."""
     stream_params_at: float = 0.0
@@ -106,6 +110,7 @@ class Pool:
         if not ep.ejected and ep.failures >= self.eject_after:
             ep.ejected = True
             ep.lost_at = time.time()
+            ep.block_size = None
             return True
         return False
 

@@ -2,8 +2,9 @@
 
 The order of events is what keeps reuse correct:
 1. Take (atomically) the conversation's handle, if any. From here no concurrent turn can get it.
-2. Choose P, verify the handle against the new prompt's token ids (see `conversation.py`), and
-   attach it only if the ids extend D's exact sequence.
+2. Choose P, verify the handle against the new prompt's token ids (see `conversation.py` and
+   `reuse.py`): attach it whole if the ids extend D's exact sequence (hit), narrowed to the
+   whole blocks of the common prefix if those are enough (partial), else not at all.
 3. Prefill. A handle P may have seen is spent (P's read, or its decision not to read, frees D's
    blocks): it is never given to another engine. If P certainly never saw it (connection
    refused), the retry on another P still carries it; otherwise the retry recomputes. A handle
@@ -11,7 +12,8 @@ The order of events is what keeps reuse correct:
 4. Decode, preferring the D that holds the conversation. A D failure before the client got a
    byte is retried on another D; P's params are reused only if the failed D certainly never
    saw them, otherwise the turn is prefilled again (without a handle) for the new D.
-5. File D's retained params with the hash of D's tokens under the conversation's key.
+5. File D's retained params with the hashes of D's tokens (whole and per block, at the block
+   size D reported) under the conversation's key.
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ from boomerang.router.endpoints import Endpoint, Pool, Strategy
 from boomerang.router.engine_http import EngineClient
 from boomerang.router.errors import ApiError
 from boomerang.router.metrics import Metrics
+from boomerang.router.reuse import decide
 from boomerang.router.store import ConversationStore
-from boomerang.router.turn import Turn
+from boomerang.router.turn import ATTACHED, Turn
 from boomerang.router.upstream import (
     UpstreamError,
     client_error,
@@ -78,40 +81,25 @@ class Router:
             return await self._decode(request, turn, p_params, turn.p_ep)
         finally:
             await self._return_unused(turn)
-            self.metrics.reuse.labels(turn.outcome).inc()
+            self._count(turn)
             if log.isEnabledFor(logging.INFO):
-                log.info("Served turn", extra=self._summary(turn))
+                log.info("Served turn", extra=turn.summary())
 
-    def _summary(self, turn: Turn) -> dict[str, Any]:
-        return {
-            "kind": turn.req.kind,
-            "stream": turn.req.stream,
-            "reuse": turn.outcome,
-            "prefill": getattr(turn.p_ep, "url", None),
-            "decode": turn.decode_url,
-            "holder": turn.holder,
-            "prompt_tokens": len(turn.prompt_ids) if turn.prompt_ids is not None else None,
-            "seconds": round(time.perf_counter() - turn.started, 4),
-        }
+    def _count(self, turn: Turn) -> None:
+        m = self.metrics
+        m.reuse.labels(turn.outcome).inc()
+        if turn.outcome in ATTACHED:
+            m.reused_tokens.labels(turn.outcome).inc(turn.reused_tokens)
+        if turn.outcome == "partial" and turn.prompt_ids:
+            m.reused_fraction.observe(turn.reused_tokens / len(turn.prompt_ids))
 
     # -- reuse ------------------------------------------------------------------------------
-
-    def _keys(self, turn: Turn) -> bytes | None:
-        req = turn.req
-        key: bytes | None = None
-        if req.conversation_id is not None:
-            key = conv.id_key(turn.tenant, req.conversation_id)
-        elif req.kind == "chat" and self.config.fingerprint_conversations:
-            history = conv.lookup_messages(req.body["messages"])
-            if history is not None:
-                key = conv.fingerprint_key(turn.tenant, req.model, history)
-        return key
 
     async def _claim(self, turn: Turn) -> None:
         """Take the conversation's handle and attach it if it verifies."""
         if not (self.config.bidirectional and turn.req.single_choice):
             return
-        turn.lookup_key = self._keys(turn)
+        turn.lookup_key = turn.find_key(self.config.fingerprint_conversations)
         if turn.lookup_key is None:
             return
         try:
@@ -142,12 +130,14 @@ class Router:
             turn.outcome = "fallback"
             return
         turn.prompt_ids = ids
-        if handle.matches(ids):
-            turn.attached = handle
-            turn.outcome = "hit"
-        else:
-            turn.taken = None
-            turn.outcome = "rejected"
+        cfg = self.config
+        reuse = decide(handle, ids, cfg.recompute_threshold, partial=cfg.partial_reuse)
+        turn.outcome = reuse.outcome
+        if reuse.params is None:
+            turn.taken = None  # rejected: D's blocks hold nothing this conversation can use
+            return
+        turn.attached, turn.attached_params = handle, reuse.params
+        turn.reused_tokens = reuse.tokens
 
     async def _tokenize(self, turn: Turn) -> list[int] | None:
         """The new prompt's ids from a prefill engine; a failing engine is replaced for the turn."""
@@ -183,7 +173,7 @@ class Router:
         """A handle taken but never sent to an engine goes back to the store."""
         if turn.taken is None or turn.lookup_key is None:
             return
-        if turn.outcome == "hit":  # attached, but no P ever received it
+        if turn.outcome in ATTACHED:  # attached, but no P ever received it
             turn.outcome = "fallback"
         try:
             await self.store.restore(turn.lookup_key, turn.taken, time.time())
@@ -197,13 +187,16 @@ class Router:
         if not protocol.retained_by_decoder(result.params):
             self.metrics.handles_skipped.labels("no_params").inc()
             return
-        key = self._store_key(turn, result)
+        key = turn.file_key(self.config.fingerprint_conversations, result.reply)
         held = result.held_ids
         if key is None or held is None or result.params is None:
             self.metrics.handles_skipped.labels("no_key" if key is None else "no_ids").inc()
             return
+        size, why = conv.usable_block_size(result.params, d_ep.block_size)
+        if why is not None:
+            self.metrics.handles_without_blocks.labels(why).inc()
         expires = time.time() + self.config.effective_handle_ttl_s
-        handle = conv.build_handle(result.params, held, d_ep.url, expires)
+        handle = conv.build_handle(result.params, held, d_ep.url, expires, size)
         if handle is None:
             self.metrics.handles_skipped.labels("short_ids").inc()
             return
@@ -214,16 +207,6 @@ class Router:
             log.warning("Store put failed", extra={"error": repr(exc)})
             return
         self.metrics.handles_stored.inc()
-
-    def _store_key(self, turn: Turn, result: DecodeResult) -> bytes | None:
-        req = turn.req
-        key: bytes | None = None
-        if req.conversation_id is not None:
-            key = conv.id_key(turn.tenant, req.conversation_id)
-        elif req.kind == "chat" and self.config.fingerprint_conversations and result.reply:
-            messages = [*req.body["messages"], conv.reply_message(result.reply)]
-            key = conv.fingerprint_key(turn.tenant, req.model, messages)
-        return key
 
     # -- prefill ----------------------------------------------------------------------------
 
@@ -263,7 +246,7 @@ class Router:
 
     async def _prefill_once(self, turn: Turn, p_ep: Endpoint) -> dict[str, Any]:
         handle = turn.attached
-        body = protocol.prefill_request(turn.req.body, handle.kv_params() if handle else None)
+        body = protocol.prefill_request(turn.req.body, turn.attached_params if handle else None)
         t = self.config.timeouts
         start = time.perf_counter()
         with self.prefill.track(p_ep, self._work(turn)):
@@ -277,7 +260,7 @@ class Router:
         self.metrics.prefill_latency.observe(time.perf_counter() - start)
         self.prefill.succeeded(p_ep)
         if handle is not None:
-            turn.taken = turn.attached = None  # consumed: P accepted it; the outcome stays hit
+            turn.taken = turn.attached = None  # consumed: P accepted it (outcome kept)
             p_ids = protocol.prompt_ids_of(data)
             if p_ids is not None and turn.prompt_ids is not None and p_ids != turn.prompt_ids:
                 self.metrics.prompt_mismatch.inc()
@@ -393,5 +376,5 @@ class Router:
 
 
 def _token_list(value: Any) -> list[int] | None:
-    """Shape check only: `Handle.matches` rejects anything that is not token ids."""
+    """Shape check only: `reuse.decide` rejects anything that is not token ids."""
     return value if isinstance(value, list) else None

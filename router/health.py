@@ -1,22 +1,38 @@
-"""Active health: probe every engine's `/health`, learn its `/version`, readmit ejected ones.
+"""Active health: probe every engine's `/health`, learn what it is, readmit ejected ones.
 
 Passive ejection happens in the flow (consecutive failed calls); this loop is what brings an
-ejected engine back, marks engines ready for `/ready`, and reads each engine's version once
-for capability detection. Probes run concurrently and are bounded by `timeouts.probe_s`.
+ejected engine back, marks engines ready for `/ready`, and reads once what the router needs to
+know about each engine: its `/version` (capability detection) and, for decode engines, the KV
+block size from `/metrics` (vLLM's `vllm:cache_config_info` gauge carries it as a label), which
+partial reuse needs and must never guess. Probes run concurrently and are bounded by
+`timeouts.probe_s`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 
 from boomerang.router.config import RouterConfig
 from boomerang.router.endpoints import Endpoint, Pool
-from boomerang.router.engine_http import EngineClient
+from boomerang.router.engine_http import EngineClient, Limits
 from boomerang.router.metrics import Metrics
-from boomerang.router.upstream import UpstreamError, get_json, timeout
+from boomerang.router.upstream import UpstreamError, get_bytes, get_json, timeout
 
 log = logging.getLogger("boomerang.router")
+_CACHE_INFO = re.compile(rb"^vllm:cache_config_info\{(.*)\}", re.MULTILINE)
+_BLOCK_SIZE = re.compile(rb'(?:^|,)\s*block_size="(\d+)"')
+
+
+def block_size_from_metrics(text: bytes) -> int:
+    """D's KV block size from a Prometheus page: the `block_size` label of
+    `vllm:cache_config_info`; 0 when absent, malformed or ambiguous (several values)."""
+    sizes = set()
+    for labels in _CACHE_INFO.findall(text):
+        match = _BLOCK_SIZE.search(labels)
+        sizes.add(int(match.group(1)) if match else 0)
+    return sizes.pop() if len(sizes) == 1 else 0
 
 
 async def probe(engines: EngineClient, pool: Pool, ep: Endpoint, config: RouterConfig) -> bool:
@@ -43,7 +59,26 @@ async def probe(engines: EngineClient, pool: Pool, ep: Endpoint, config: RouterC
                 ep.version = data["version"]
         except UpstreamError:
             ep.version = None
+    if ep.block_size is None and pool.role == "decode":
+        await _learn_block_size(engines, ep, limit)
     return True
+
+
+async def _learn_block_size(engines: EngineClient, ep: Endpoint, limit: Limits) -> None:
+    """Once per engine: a refused page (4xx) means the engine does not say (0, full hits only);
+    a transport failure leaves it unknown, to ask again at the next probe."""
+    try:
+        ep.block_size = block_size_from_metrics(
+            await get_bytes(engines, ep.url + "/metrics", limit)
+        )
+    except UpstreamError as exc:
+        if exc.kind == "client":
+            ep.block_size = 0
+        return
+    if ep.block_size:
+        log.info("Learned block size", extra={"engine": ep.url, "block_size": ep.block_size})
+    else:
+        log.warning("Engine reports no block size: partial reuse off", extra={"engine": ep.url})
 
 
 async def probe_all(

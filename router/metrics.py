@@ -1,22 +1,30 @@
 """The router's Prometheus metrics, one registry per app (no module globals).
 
 Names other components read (keep them stable): `boomerang_router_reuse_total{outcome}` with
-outcome in hit, miss, expired, rejected, fallback; `boomerang_router_requests_total{outcome}`;
-`boomerang_router_ttft_seconds`. Each chat/completion request counts exactly one reuse outcome:
-- hit: a verified handle was attached and P accepted it;
+outcome in hit, partial, miss, expired, rejected, fallback; `boomerang_router_requests_total
+{outcome}`; `boomerang_router_ttft_seconds`; `boomerang_router_reused_tokens_total{outcome}`;
+`boomerang_router_reused_fraction`. Each chat/completion request counts exactly one reuse
+outcome:
+- hit: a verified handle was attached whole (the prompt extends all D holds), P accepted it;
+- partial: D's handle narrowed to the whole blocks of the common prefix was attached (the
+  history diverged after them), P accepted it;
 - miss: no handle was stored for the conversation (first turn, unknown conversation);
 - expired: a handle existed but was past the router's TTL;
-- rejected: a handle existed but the new prompt does not extend D's exact tokens;
+- rejected: a handle existed but nothing of it is usable (no whole block of the common prefix,
+  fewer shared tokens than the recompute threshold, or D's block size unknown);
 - fallback: a handle existed and verified (or could not be verified) but the turn was computed
   without it (tokenize failed, P failed after receiving it, its decode pod is gone, P is not
   bidirectional).
+Hit and partial turns add the tokens P may pull from D to `reused_tokens_total`; partial turns
+observe reused tokens / prompt tokens in `reused_fraction`.
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-REUSE_OUTCOMES = ("hit", "miss", "expired", "rejected", "fallback")
+REUSE_OUTCOMES = ("hit", "partial", "miss", "expired", "rejected", "fallback")
+_FRACTION_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 _LATENCY_BUCKETS = (
     0.001,
     0.0025,
@@ -93,5 +101,25 @@ class Metrics:
             "Turns where P's prompt ids differed from the tokenized ones (template drift).",
             registry=r,
         )
+        self.reused_tokens = Counter(
+            p + "reused_tokens",
+            "Prompt tokens P was offered from D's retained blocks, by reuse outcome.",
+            ["outcome"],
+            registry=r,
+        )
+        self.reused_fraction = Histogram(
+            p + "reused_fraction",
+            "Partial reuse: reused tokens / prompt tokens of the turn.",
+            buckets=_FRACTION_BUCKETS,
+            registry=r,
+        )
+        self.handles_without_blocks = Counter(
+            p + "handles_without_blocks",
+            "Handles filed without per-block hashes (full hits only, no partial), by reason.",
+            ["reason"],
+            registry=r,
+        )
         for outcome in REUSE_OUTCOMES:
             self.reuse.labels(outcome)
+        for outcome in ("hit", "partial"):
+            self.reused_tokens.labels(outcome)

@@ -98,6 +98,11 @@ async def post_json(
     return parse_object(await _fetch(client, "POST", url, limit, body, request_id))
 
 
+async def get_bytes(client: EngineClient, url: str, limit: Limits) -> bytes:
+    """GET and return the body; raises UpstreamError."""
+    return await _fetch(client, "GET", url, limit)
+
+
 async def get_json(client: EngineClient, url: str, limit: Limits) -> Any:
     """GET and decode JSON; raises UpstreamError."""
     raw = await _fetch(client, "GET", url, limit)

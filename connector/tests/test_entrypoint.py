@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from boomerang.connector import config
+from boomerang.connector import config, model
 from boomerang.connector.entrypoint import UsageError, build_command, resolve_model
 
 KV = json.dumps(config.kv_transfer_config("prefill", config.KVTransferSettings()))
@@ -35,7 +35,7 @@ def test_s3_uri_streams_with_runai() -> None:
 
 def test_builtin_uri_lives_in_the_cache(tmp_path) -> None:
     path, extra = resolve_model("builtin://tiny", {"BOOMERANG_CACHE": str(tmp_path)})
-    assert path == str(tmp_path / "models" / "tiny-v1") and extra == []
+    assert path == str(tmp_path / "models" / f"tiny-v{model.BUILD_VERSION}") and extra == []
 
 
 @pytest.mark.parametrize("uri", ["hf://justone", "pvc:///x", "ftp://x/y", "builtin://huge"])

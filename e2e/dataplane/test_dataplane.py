@@ -12,69 +12,27 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import random
-import re
 import time
 import urllib.request
 from typing import Any
 
 import pytest
+from dataplane.turns import (
+    LOGPROB_TOL,
+    MAX_TOKENS,
+    chat,
+    chat_reference,
+    moved,
+    reference,
+    reuse,
+    router_completion,
+    same,
+    words,
+)
 
 from boomerang.connector import pdclient, processes
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
-
-MAX_TOKENS = 8
-LOGPROB_TOL = 1e-5
-"""Tokens must be identical. Logprobs: D's decode steps run over KV that P computed in one
-batch, the reference over KV it computed itself; measured differences are ~5e-7 (float32
-rounding of different batch shapes), so they are compared to 1e-5."""
-
-
-def same(result, expected) -> bool:
-    """(tokens or text, logprobs) pairs: identical tokens, logprobs within LOGPROB_TOL."""
-    (out, lps), (ref_out, ref_lps) = result, expected
-    return out == ref_out and lps == pytest.approx(ref_lps, abs=LOGPROB_TOL)
-
-
-def reuse(router: str) -> dict[str, float]:
-    text = pdclient.scrape(router)
-    pattern = r'^boomerang_router_reuse_total\{outcome="(\w+)"\}\s+(\S+)$'
-    return {m[1]: float(m[2]) for m in re.finditer(pattern, text, re.M)}
-
-
-def moved(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    return {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
-
-
-def words(rng: random.Random, n: int) -> list[int]:
-    """n token ids from the model's ordinary vocabulary (ids above the special tokens)."""
-    return [rng.randrange(16, 8000) for _ in range(n)]
-
-
-def router_completion(router: str, model: str, prompt: list[int], conv: str, *, stream: bool):
-    body: dict[str, Any] = {
-        **pdclient.completion_body(model, prompt, MAX_TOKENS),
-        "conversation_id": conv,
-        "stream": stream,
-    }
-    if not stream:
-        resp = pdclient.post(f"{router}/v1/completions", body)
-        choice = resp["choices"][0]
-        return choice["token_ids"], choice["logprobs"]["token_logprobs"], resp
-    tokens: list[int] = []
-    logprobs: list[float] = []
-    last: dict[str, Any] = {}
-    for _t, chunk in pdclient.stream_events(f"{router}/v1/completions", body):
-        last = chunk
-        for choice in chunk.get("choices", []):
-            tokens += choice.get("token_ids") or []
-            logprobs += (choice.get("logprobs") or {}).get("token_logprobs") or []
-    return tokens, logprobs, last
-
-
-def reference(plane, prompt: list[int]) -> tuple[list[int], list[float]]:
-    turn = pdclient.single_turn(plane.p_url, plane.model, prompt, MAX_TOKENS)
-    return turn.tokens, turn.logprobs
 
 
 @pytest.fixture(scope="module")
@@ -112,38 +70,6 @@ def test_multi_turn_completions_pull_kv_back_and_match_a_single_engine(dataplane
         assert logprobs == pytest.approx(ref_logprobs, abs=LOGPROB_TOL)
 
 
-def chat(router: str, model: str, messages: list[dict[str, str]], *, stream: bool, conv: str = ""):
-    from openai import OpenAI
-
-    client = OpenAI(base_url=f"{router}/v1", api_key="test")
-    extra = {"conversation_id": conv} if conv else {}
-    kwargs: dict[str, Any] = dict(
-        model=model, messages=messages, max_tokens=MAX_TOKENS, temperature=0.0, logprobs=True
-    )
-    if not stream:
-        resp = client.chat.completions.create(**kwargs, extra_body=extra)
-        choice = resp.choices[0]
-        return choice.message.content or "", [c.logprob for c in choice.logprobs.content]
-    text, lps = "", []
-    for chunk in client.chat.completions.create(**kwargs, stream=True, extra_body=extra):
-        for choice in chunk.choices:
-            text += choice.delta.content or ""
-            lps += [c.logprob for c in (choice.logprobs.content or [])] if choice.logprobs else []
-    return text, lps
-
-
-def chat_reference(plane, messages: list[dict[str, str]]) -> tuple[str, list[float]]:
-    body = {
-        "model": plane.model,
-        "messages": messages,
-        "max_tokens": MAX_TOKENS,
-        "temperature": 0.0,
-        "logprobs": True,
-    }
-    choice = pdclient.post(f"{plane.p_url}/v1/chat/completions", body)["choices"][0]
-    return choice["message"]["content"], [c["logprob"] for c in choice["logprobs"]["content"]]
-
-
 def test_multi_turn_chat_streaming_and_not_reuses_and_matches(dataplane, router):
     messages = [{"role": "system", "content": "You answer briefly. " * 60}]
     for turn in range(4):
@@ -164,30 +90,6 @@ def test_decoder_streams_its_params_on_the_final_chunk(dataplane):
     )
     assert turn.handle is not None
     assert turn.handle["remote_block_ids"] and turn.handle["do_remote_decode"] is True
-
-
-def test_edited_history_is_not_reused_and_output_is_correct(dataplane, router):
-    messages = [{"role": "user", "content": "Edit me later. " * 40}]
-    text, _ = chat(router, dataplane.model, messages, stream=False)
-    edited = [*messages, {"role": "assistant", "content": text + " (edited)"}]
-    edited.append({"role": "user", "content": "And now? " * 20})
-    before = reuse(router)
-    result = chat(router, dataplane.model, edited, stream=False)
-    assert "hit" not in moved(before, reuse(router))
-    assert same(result, chat_reference(dataplane, edited))
-
-
-def test_regenerated_turn_is_not_reused_and_output_is_correct(dataplane, router):
-    rng = random.Random(11)
-    prompt = words(rng, 300)
-    router_completion(router, dataplane.model, prompt, "conv-regen", stream=False)
-    before = reuse(router)
-    # The same turn again: D's retained blocks hold turn 1's output, which this prompt lacks.
-    tokens, logprobs, _ = router_completion(
-        router, dataplane.model, prompt, "conv-regen", stream=False
-    )
-    assert "hit" not in moved(before, reuse(router))
-    assert same((tokens, logprobs), reference(dataplane, prompt))
 
 
 def test_conversation_id_of_another_tenant_gives_no_reuse(dataplane, tmp_path):

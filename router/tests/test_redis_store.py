@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -75,6 +76,19 @@ async def test_put_then_take_returns_the_handle_once(store: RedisStore) -> None:
     assert (await store.take(b"k", time.time()))[0] == "missing"
 
 
+async def test_block_hashes_round_trip_and_earlier_handles_still_take(store: RedisStore) -> None:
+    full = Handle(b"p", b"\x01" * 16, 8, "http://d", time.time() + 60, 4, b"\x02" * 16)
+    await store.put(b"k", full)
+    assert await store.take(b"k", time.time()) == ("found", full)
+    earlier = json.loads(full.encode())[:5]  # what a router without block hashes wrote
+    await store._redis.set(store._name(b"old"), json.dumps(earlier), px=60_000)
+    status, got = await store.take(b"old", time.time())
+    assert status == "found" and got is not None
+    assert (got.block_size, got.block_hashes, got.params) == (0, b"", b"p")
+    await store._redis.set(store._name(b"bad"), b'["x", "zz", 1]', px=60_000)
+    assert await store.take(b"bad", time.time()) == ("missing", None)
+
+
 async def test_concurrent_takes_give_the_handle_to_exactly_one(redis_url: str) -> None:
     stores = [RedisStore(redis_url, "race:") for _ in range(8)]
     await stores[0].put(b"k", handle())
@@ -122,4 +136,22 @@ async def test_router_replicas_share_conversations_through_redis(
     )
     assert r.status == 200
     assert await w.reuse("hit") == 1
+    assert w.fabric.violations == []
+
+
+async def test_a_partial_reuse_works_through_redis(world: Any, redis_url: str) -> None:
+    store_cfg = {"kind": "redis", "url": redis_url, "key_prefix": f"p:{time.monotonic_ns()}:"}
+    w = await world(store=store_cfg, decode_spec={"reasoning": True})
+    history = [{"role": "user", "content": "a question long enough for a few blocks " * 4}]
+    body = {"messages": history, "conversation_id": "c"}
+    first = await (await w.client.post("/v1/chat/completions", json=body)).json()
+    for _ in range(200):  # the handle is filed just after the answer
+        text = await (await w.client.get("/metrics")).text()
+        if "boomerang_router_handles_stored_total 1.0" in text:
+            break
+        await asyncio.sleep(0.01)
+    history += [first["choices"][0]["message"], {"role": "user", "content": "next"}]
+    r = await w.client.post("/v1/chat/completions", json={**body, "messages": history})
+    assert r.status == 200
+    assert await w.reuse("partial") == 1
     assert w.fabric.violations == []

@@ -64,6 +64,25 @@ def test_file_then_env_then_flags(tmp_path: Any) -> None:
     assert loaded.prefill.urls == ["http://127.0.0.1:1"]
 
 
+def test_recompute_threshold_comes_from_the_file_env_or_flag() -> None:
+    assert RouterConfig.model_validate(STATIC).recompute_threshold == 64  # vLLM's default
+    env = {"BOOMERANG_ROUTER_RECOMPUTE_THRESHOLD": "128"}
+    assert RouterConfig.load(env=env, overrides=STATIC).recompute_threshold == 128
+    flags = cli_overrides(parse_args(["--recompute-threshold", "256"]))
+    assert RouterConfig.load(env=env, overrides={**STATIC, **flags}).recompute_threshold == 256
+    with pytest.raises(ValidationError):
+        RouterConfig.model_validate({**STATIC, "recompute_threshold": -1})
+
+
+def test_an_ejected_decoder_must_report_its_block_size_again() -> None:
+    pool = Pool("decode", eject_after=1)
+    pool.set_urls(["http://d"])
+    d = pool.endpoints["http://d"]
+    d.block_size = 128
+    pool.failed(d)
+    assert d.ejected and d.block_size is None  # it may come back configured differently
+
+
 def test_verification_needs_a_strict_extension_of_the_held_tokens() -> None:
     held = [1, 2, 3, 4, 5]
     params = {"remote_num_tokens": 4, "do_remote_decode": True, "remote_block_ids": [[0]]}
@@ -247,13 +266,28 @@ async def test_memory_store_hands_back_what_was_filed_and_hides_it_from_the_gc()
     from boomerang.router.store import MemoryStore
 
     store = MemoryStore(max_conversations=10)
-    handle = conv.Handle(b"params", b"h" * 16, 7, "http://d:8000", expires_at=500.0)
+    handle = conv.Handle(b"params", b"h" * 16, 7, "http://d:8000", 500.0, 4, b"b" * 8)
     await store.put(b"k", handle)
     await store.put(b"j", conv.Handle(b"p", b"g" * 16, 3, "http://e:8000", expires_at=600.0))
     gc.collect()
     assert not any(gc.is_tracked(v) for v in store._items.values())  # full GCs skip them
     assert await store.take(b"k", 0.0) == ("found", handle)
     assert await store.take(b"k", 0.0) == ("missing", None)
+
+
+async def test_a_full_memory_store_drops_its_oldest_entries_in_batches() -> None:
+    from boomerang.router.store import EVICT_FRACTION, MemoryStore
+
+    store = MemoryStore(max_conversations=EVICT_FRACTION * 2)
+    for i in range(EVICT_FRACTION * 2):
+        await store.put(i.to_bytes(2, "big"), conv.Handle(b"p", b"", 1, "d", 100.0))
+    await store.put((0).to_bytes(2, "big"), conv.Handle(b"new", b"", 1, "d", 100.0))  # refiled
+    await store.put(b"last", conv.Handle(b"p", b"", 1, "d", 100.0))
+    assert await store.size() == EVICT_FRACTION * 2 - 2  # the excess and a batch of 2 went
+    kept = [k for k in (1, 2, 3, 4) if (await store.take(k.to_bytes(2, "big"), 0.0))[1]]
+    assert kept == [4]  # the oldest went first; 0 was refiled, so it is among the newest
+    status, handle = await store.take((0).to_bytes(2, "big"), 0.0)
+    assert status == "found" and handle is not None and handle.params == b"new"
 
 
 def test_json_logs_carry_the_request_id_and_extras() -> None:

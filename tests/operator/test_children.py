@@ -181,6 +181,16 @@ def test_router_config_discovers_both_roles_and_keeps_ttl_below_decoder() -> Non
     }
 
 
+def test_router_knows_the_prefill_recompute_threshold() -> None:
+    """The router offers a partial reuse only when P would not recompute it anyway."""
+    objs = _children(patch={"kvTransfer": {"recomputeThreshold": 256}})
+    config = yaml.safe_load(_find(objs, "ConfigMap", "-router")["data"]["router.yaml"])
+    assert config["recompute_threshold"] == 256
+    args = _engine(objs, "prefill")["args"]
+    kv = json.loads(args[args.index("--kv-transfer-config") + 1])
+    assert kv["kv_connector_extra_config"]["kv_recompute_threshold"] == 256
+
+
 def test_router_can_only_read_endpointslices() -> None:
     role = _find(_children(), "Role", "-router")
     assert role["rules"] == [
