@@ -15,7 +15,7 @@ VENV := $(BOOMERANG_CACHE)/venv-dev-$(DEV_HASH)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: print-venv dev engine tools redis check lint types test unit demo cluster crds
+.PHONY: print-venv dev engine tools redis lua install-yaml check lint types test unit demo cluster crds
 
 # The cached venv installs this checkout in editable mode; `.done` records which checkout, so a
 # fresh clone (CI) re-points it at its own files before testing them.
@@ -40,8 +40,18 @@ tools:
 redis:
 	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
 
+# Lua 5.1, the language Argo CD embeds: the health check in charts/boomerang/docs is run by it.
+lua:
+	@command -v lua5.1 >/dev/null || (apt-get update -qq && apt-get install -y -qq lua5.1)
+
+# charts/install.yaml: the chart rendered with its defaults (a test keeps it in sync).
+install-yaml: dev tools
+	PYTHONSAFEPATH= $(PY) e2e/install_yaml.py
+
+# install.yaml embeds the CRD, so it is re-rendered too once the control-plane tools exist.
 crds: dev
 	$(PY) -m boomerang.operator.crdgen
+	PYTHONSAFEPATH= $(PY) e2e/install_yaml.py --if-built
 
 lint: dev
 	$(VENV)/bin/ruff check .
@@ -55,10 +65,10 @@ types: dev
 		-p boomerang.operator -p boomerang.router -p boomerang.connector
 
 unit: dev
-	$(PY) -m pytest -m 'not cluster and not engine' $(PYTEST_ARGS)
+	$(PY) -m pytest -m 'not cluster and not engine and not node' $(PYTEST_ARGS)
 
 # What CI runs: everything, on a fresh machine.
-test: dev redis tools engine lint types
+test: dev redis lua tools engine lint types
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 cluster: dev tools

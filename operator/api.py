@@ -476,7 +476,9 @@ class EffectiveKVTransfer(_Model):
 class Condition(_Model):
     """A standard Kubernetes condition."""
 
-    type: str = Field(description="Ready, Progressing or Degraded.")
+    type: str = Field(
+        description="Ready, Progressing, Degraded, and kstatus' Reconciling and Stalled."
+    )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="CamelCase reason.")
     message: str = Field(description="Human-readable detail.")
@@ -504,8 +506,14 @@ class DisaggregatedDeploymentStatus(_Model):
     revision_skew: bool = Field(
         False, description="True while P and D run different engine revisions (mid-rollout)."
     )
+    ready_generation: int | None = Field(
+        None,
+        description="The last generation at which every replica was ready: replicas missing "
+        "at that generation are a fault (Degraded), at a newer one a change under way.",
+    )
     conditions: list[Condition] = Field(
-        default_factory=list, description="Ready, Progressing, Degraded."
+        default_factory=list,
+        description="Ready, Progressing, Degraded; Reconciling and Stalled mirror the last two.",
     )
 
 

@@ -22,7 +22,7 @@ from boomerang.operator import render
 from boomerang.operator.api import API_VERSION, KIND, DisaggregatedDeployment
 from boomerang.operator.children import desired_children
 from boomerang.operator.kube import KubeAPI, KubeError
-from boomerang.operator.status import compute_status, condition_changes
+from boomerang.operator.status import KSTATUS_MIRRORS, compute_status, condition_changes
 
 log = logging.getLogger(__name__)
 
@@ -191,6 +191,8 @@ def _finish(
 def _events(previous: Mapping[str, Any], status: Mapping[str, Any]) -> list[Event]:
     events: list[Event] = []
     for kind, value, reason in condition_changes(previous, status):
+        if kind in KSTATUS_MIRRORS:
+            continue  # the same change as Progressing's or Degraded's: one event is enough
         bad = (kind == "Degraded" and value == "True") or (kind == "Ready" and value == "False")
         message = next(c["message"] for c in status["conditions"] if c["type"] == kind)
         events.append(("Warning" if bad else "Normal", reason, f"{kind}={value}: {message}"))
@@ -207,7 +209,8 @@ def _invalid(body: Mapping[str, Any], kube: KubeAPI, now: str, exc: ValidationEr
     conditions = [
         {"type": kind, "status": value, "reason": "InvalidSpec", "message": message,
          "lastTransitionTime": now, "observedGeneration": generation}
-        for kind, value in (("Ready", "False"), ("Progressing", "False"), ("Degraded", "True"))
+        for kind, value in (("Ready", "False"), ("Progressing", "False"), ("Degraded", "True"),
+                            ("Reconciling", "False"), ("Stalled", "True"))
     ]  # fmt: skip
     status = {"observedGeneration": generation, "conditions": conditions}
     kube.patch_status(meta.get("namespace", "default"), meta.get("name", ""), status)

@@ -2,7 +2,8 @@
 
 Status is written on purpose, for people and for tools (`kubectl get`, Argo CD health checks):
 per-role desired/ready/updated counts, the router's readiness and URL, the effective kv-transfer
-settings, and three standard conditions:
+settings, and three standard conditions (plus kstatus' Reconciling and Stalled, mirroring
+Progressing and Degraded, for Flux and other kstatus readers):
 - Ready: every role and the router have all their replicas ready at the current generation;
 - Progressing: a rollout or scale is under way (including P and D at different revisions);
 - Degraded: the last reconcile failed, or replicas went missing after the current spec was
@@ -80,11 +81,17 @@ def compute_status(
         "revisionSkew": skew,
     }
     old = {c["type"]: c for c in (previous or {}).get("conditions", [])}
-    # Ready for this very spec: replicas missing since then are a fault. After a spec change
-    # (a scale-up first seen with its new pods pending) they are the change under way.
-    same_spec = (previous or {}).get("observedGeneration") == generation
-    was_ready = same_spec and old.get("Ready", {}).get("status") == "True"
+    # Ready once for this very spec: replicas missing since then are a fault. After a spec
+    # change (a scale-up first seen with its new pods pending) they are the change under way.
+    # Remembered as a generation, not read from the last Ready condition: a transient status
+    # in between (pods deleted, the StatefulSet not yet caught up) would otherwise make a
+    # resource that lost its pods look like one still rolling out, forever.
+    was_ready = _ready_generation(previous) == generation
     decided = _decide(roles, router, skew, error, was_ready)
+    if decided["Ready"][0]:
+        status["readyGeneration"] = generation
+    elif _ready_generation(previous) is not None:
+        status["readyGeneration"] = _ready_generation(previous)
     status["conditions"] = [
         _condition(kind, value, reason, message, old.get(kind), now, generation)
         for kind, (value, reason, message) in decided.items()
@@ -92,7 +99,23 @@ def compute_status(
     return status
 
 
+def _ready_generation(previous: Mapping[str, Any] | None) -> int | None:
+    """The last generation that had every replica ready (older operators did not record it:
+    then a Ready condition of the status's own generation stands for it)."""
+    if not previous:
+        return None
+    if "readyGeneration" in previous:
+        return int(previous["readyGeneration"])
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in previous.get("conditions", [])
+    )
+    return int(previous.get("observedGeneration") or 0) if ready else None
+
+
 Decision = tuple[bool, str, str]
+KSTATUS_MIRRORS = frozenset({"Reconciling", "Stalled"})
+"""kstatus' own condition types, which repeat Progressing and Degraded."""
 
 
 def _decide(
@@ -127,7 +150,16 @@ def _decide(
         ready = (False, "ReconcileFailed", error)
     elif waiting:
         ready = (False, "WaitingForReplicas", "; ".join(waiting))
-    return {"Ready": ready, "Progressing": progressing, "Degraded": degraded}
+    # kstatus (Flux's health checks, kpt, cli-utils) reads two abnormal-true conditions of its
+    # own: Reconciling while work is under way, Stalled when it cannot proceed. They mirror
+    # Progressing and Degraded, so every GitOps tool sees the same state.
+    return {
+        "Ready": ready,
+        "Progressing": progressing,
+        "Degraded": degraded,
+        "Reconciling": progressing,
+        "Stalled": degraded,
+    }
 
 
 def _revision_skew(prefill: Workload, decode: Workload) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from dd_testing import deployment
 
 from boomerang.operator.status import compute_status, condition_changes
@@ -58,6 +59,8 @@ def test_all_replicas_ready_is_ready_and_stable() -> None:
         "Ready": ("True", "AllReplicasReady"),
         "Progressing": ("False", "Stable"),
         "Degraded": ("False", "AsExpected"),
+        "Reconciling": ("False", "Stable"),
+        "Stalled": ("False", "AsExpected"),
     }
     assert status["prefill"] == {"desired": 1, "ready": 1, "updated": 1}
     assert status["router"]["url"] == "http://minimal-router.default.svc:80/v1"
@@ -78,7 +81,13 @@ def test_transition_time_moves_only_when_status_changes() -> None:
     first = compute_status(dd, {}, None, T0)
     second = compute_status(dd, ready_world(), first, T1)
     times = {c["type"]: c["lastTransitionTime"] for c in second["conditions"]}
-    assert times == {"Ready": T1, "Progressing": T1, "Degraded": T0}
+    assert times == {
+        "Ready": T1,
+        "Progressing": T1,
+        "Degraded": T0,
+        "Reconciling": T1,
+        "Stalled": T0,
+    }
 
 
 def test_losing_replicas_after_ready_is_degraded() -> None:
@@ -88,6 +97,18 @@ def test_losing_replicas_after_ready_is_degraded() -> None:
     status = compute_status(dd, world, ready, T1)
     assert conditions(status)["Degraded"] == ("True", "ReplicasUnavailable")
     assert conditions(status)["Ready"][0] == "False"
+
+
+def test_pods_lost_through_a_transient_state_are_still_degraded() -> None:
+    """Deleted pods first show as not yet updated (the StatefulSet catching up), then settle
+    Pending: the spec was Ready at this generation, so the settled state is a fault."""
+    dd = deployment(generation=2)
+    ready = compute_status(dd, ready_world(), None, T0)
+    transient = compute_status(dd, {**ready_world(), "decode": sts(1, 0, updated=0)}, ready, T1)
+    assert conditions(transient)["Progressing"] == ("True", "RollingOut")
+    settled = compute_status(dd, {**ready_world(), "decode": sts(1, 0)}, transient, T1)
+    assert conditions(settled)["Degraded"] == ("True", "ReplicasUnavailable")
+    assert settled["readyGeneration"] == 2
 
 
 def test_scale_up_first_seen_with_pods_pending_is_progressing_not_degraded() -> None:
@@ -114,3 +135,19 @@ def test_reconcile_error_is_degraded_with_its_message() -> None:
     status = compute_status(deployment(generation=2), ready_world(), None, T0, error="quota")
     assert conditions(status)["Degraded"] == ("True", "ReconcileFailed")
     assert "quota" in next(c["message"] for c in status["conditions"] if c["type"] == "Degraded")
+
+
+@pytest.mark.parametrize("world", ["pending", "ready", "lost", "failed"])
+def test_kstatus_conditions_mirror_progressing_and_degraded(world) -> None:
+    """Flux and other kstatus readers see exactly what Progressing and Degraded say."""
+    dd = deployment(generation=2)
+    ready = compute_status(dd, ready_world(), None, T0)
+    status = {
+        "pending": lambda: compute_status(dd, {}, None, T0),
+        "ready": lambda: ready,
+        "lost": lambda: compute_status(dd, {}, ready, T1),
+        "failed": lambda: compute_status(dd, ready_world(), None, T0, error="quota"),
+    }[world]()
+    found = conditions(status)
+    assert found["Reconciling"] == found["Progressing"]
+    assert found["Stalled"] == found["Degraded"]
