@@ -62,7 +62,7 @@ def fake_gpu_node(name: str, layer3: str, zone: str = "us-east-2a") -> dict[str,
         "ephemeral-storage": "4Ti",
         "hugepages-2Mi": "64Gi",
         "nvidia.com/gpu": "8",
-        "vpc.amazonaws.com/efa": "32",
+        "vpc.amazonaws.com/efa": "16",  # p5en.48xlarge: 16 EFA devices (see examples/)
     }
     return {
         "apiVersion": "v1",

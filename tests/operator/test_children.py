@@ -77,7 +77,7 @@ def test_efa_sets_libfabric_ipc_lock_devices_and_hugepages() -> None:
         assert kv["kv_connector_extra_config"]["backends"] == ["LIBFABRIC"]
         assert engine["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
         limits = engine["resources"]["limits"]
-        assert limits["vpc.amazonaws.com/efa"] == 32
+        assert limits["vpc.amazonaws.com/efa"] == 16  # p5en.48xlarge
         assert limits["nvidia.com/gpu"] == 8
         assert limits["hugepages-2Mi"] == "5120Mi"
         assert "--tensor-parallel-size" in engine["args"]
