@@ -119,6 +119,25 @@ class SecretKeyRef(_Model):
     key: str = Field(description="Key inside the Secret.", min_length=1)
 
 
+class ModelCache(_Model):
+    """Where engines keep downloaded weights (HF_HOME) and built models between restarts."""
+
+    size: Quantity | None = Field(
+        None,
+        description="Cache size: the node-local volume's sizeLimit and its ephemeral-storage "
+        "request, or each pod's PersistentVolumeClaim when persistent.",
+    )
+    persistent: bool = Field(
+        False,
+        description="One PersistentVolumeClaim per pod (StatefulSet volumeClaimTemplates): "
+        "weights survive pod deletion and rescheduling, not only container restarts. "
+        "Kubernetes does not let a StatefulSet change this after creation.",
+    )
+    storage_class_name: str | None = Field(
+        None, description="StorageClass of the persistent cache; the cluster's default if unset."
+    )
+
+
 class ModelSpec(_Model):
     """What the engines serve."""
 
@@ -138,6 +157,10 @@ class ModelSpec(_Model):
     )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="Weight and activation dtype."
+    )
+    cache: ModelCache = Field(
+        default_factory=lambda: ModelCache(),
+        description="The engines' model cache (downloads land there, not in the container).",
     )
 
 
@@ -204,6 +227,12 @@ class RoleSpec(_Model):
     env: list[EnvVar] = Field(default_factory=list, description="Extra env for this role.")
     termination_grace_period_seconds: int = Field(
         120, description="Time a pod gets to drain in-flight requests.", ge=0
+    )
+    service_account_name: str | None = Field(
+        None,
+        description="ServiceAccount of the engine pods, e.g. one with an IAM role (IRSA) for "
+        "s3:// models. Its token is mounted only when this is set.",
+        max_length=253,
     )
     pod_template: FreeForm = Field(
         default_factory=dict,
@@ -417,6 +446,12 @@ RULES: tuple[Rule, ...] = (
         message="spec.router.store.url and spec.router.store.urlSecretRef are mutually exclusive",
         field_path=".router.store",
         check=lambda s: s.router.store.url is None or s.router.store.url_secret_ref is None,
+    ),
+    Rule(
+        cel="!self.model.cache.persistent || has(self.model.cache.size)",
+        message="spec.model.cache.size is required when spec.model.cache.persistent is true",
+        field_path=".model.cache.size",
+        check=lambda s: not s.model.cache.persistent or s.model.cache.size is not None,
     ),
     Rule(
         cel="!self.placement.required || has(self.placement.topologyKey)",

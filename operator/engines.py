@@ -20,6 +20,9 @@ from boomerang.operator.api import DisaggregatedDeployment
 from boomerang.operator.merge import deep_merge
 
 STARTUP_BUDGET_S = 1800
+CACHE_DIR = "/var/cache/boomerang"
+CACHE_ENV = {"HF_HOME": f"{CACHE_DIR}/huggingface", "BOOMERANG_CACHE": CACHE_DIR}
+"""Downloads (Hugging Face) and builtin models go to the cache volume, not the container."""
 
 
 def build_headless_service(dd: DisaggregatedDeployment, role: Role) -> dict[str, Any]:
@@ -71,7 +74,26 @@ def build_statefulset(dd: DisaggregatedDeployment, role: Role) -> dict[str, Any]
             "updateStrategy": {"type": "RollingUpdate"},
             "selector": {"matchLabels": render.selector_labels(dd, role)},
             "template": template,
+            **_cache_claims(dd, role),
         },
+    }
+
+
+def _cache_claims(dd: DisaggregatedDeployment, role: Role) -> dict[str, Any]:
+    """A persistent model cache: one claim per pod, kept by the StatefulSet across restarts."""
+    cache = dd.spec.model.cache
+    if not cache.persistent:
+        return {}
+    claim: dict[str, Any] = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": cache.size}},
+    }
+    if cache.storage_class_name:
+        claim["storageClassName"] = cache.storage_class_name
+    return {
+        "volumeClaimTemplates": [
+            {"metadata": {"name": "cache", "labels": render.labels(dd, role)}, "spec": claim}
+        ]
     }
 
 
@@ -80,10 +102,16 @@ def _pod_template(dd: DisaggregatedDeployment, role: Role) -> dict[str, Any]:
     pod: dict[str, Any] = {
         "terminationGracePeriodSeconds": spec.termination_grace_period_seconds,
         "enableServiceLinks": False,
+        # Engines never call the Kubernetes API: no token unless a ServiceAccount is asked for
+        # (IRSA for s3:// models). The default seccomp profile of the runtime always.
+        "automountServiceAccountToken": spec.service_account_name is not None,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [_engine_container(dd, role)],
         "volumes": _volumes(dd, role),
         "affinity": _affinity(dd, role),
     }
+    if spec.service_account_name:
+        pod["serviceAccountName"] = spec.service_account_name
     if spec.node_selector:
         pod["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
@@ -138,7 +166,7 @@ def _env(dd: DisaggregatedDeployment, role: Role) -> list[dict[str, Any]]:
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
     ]
-    literal = render.engine_env(dd, role)
+    literal = {**render.engine_env(dd, role), **CACHE_ENV}
     env += [{"name": k, "value": v} for k, v in sorted(literal.items())]
     env += [
         {"name": var.name, "valueFrom": dict(var.value_from)}
@@ -161,6 +189,9 @@ def _resources(dd: DisaggregatedDeployment, role: Role) -> dict[str, Any]:
         amounts["vpc.amazonaws.com/efa"] = res.efa
     if res.hugepages2_mi is not None:
         amounts["hugepages-2Mi"] = res.hugepages2_mi
+    cache = dd.spec.model.cache
+    if cache.size is not None and not cache.persistent:
+        amounts["ephemeral-storage"] = cache.size  # the node-local cache counts against it
     if not amounts:
         return {}
     # Extended resources and hugepages need requests == limits; engines get Guaranteed QoS.
@@ -178,8 +209,11 @@ def _volumes(dd: DisaggregatedDeployment, role: Role) -> list[dict[str, Any]]:
     res = render.role_spec(dd, role).resources
     volumes: list[dict[str, Any]] = [
         {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": res.shm_size}},
-        {"name": "cache", "emptyDir": {}},
     ]
+    cache = dd.spec.model.cache
+    if not cache.persistent:  # else the StatefulSet's claim named `cache`
+        local: dict[str, Any] = {"sizeLimit": cache.size} if cache.size else {}
+        volumes.append({"name": "cache", "emptyDir": local})
     claim = _model_claim(dd)
     if claim:
         volumes.append(
@@ -193,7 +227,7 @@ def _volumes(dd: DisaggregatedDeployment, role: Role) -> list[dict[str, Any]]:
 def _mounts(dd: DisaggregatedDeployment, role: Role) -> list[dict[str, Any]]:
     mounts: list[dict[str, Any]] = [
         {"name": "shm", "mountPath": "/dev/shm"},
-        {"name": "cache", "mountPath": "/var/cache/boomerang"},
+        {"name": "cache", "mountPath": CACHE_DIR},
     ]
     if _model_claim(dd):
         mounts.append({"name": "models", "mountPath": render.MODELS_DIR, "readOnly": True})

@@ -211,3 +211,49 @@ def test_each_role_and_the_router_has_a_disruption_budget() -> None:
     assert sorted(p["metadata"]["name"] for p in pdbs) == [
         "minimal-decode", "minimal-prefill", "minimal-router"
     ]  # fmt: skip
+
+
+def test_model_downloads_land_in_the_cache_volume() -> None:
+    for role in ("prefill", "decode"):
+        container = _engine(_children(), role)
+        env = _env(container)
+        mount = next(m for m in container["volumeMounts"] if m["name"] == "cache")
+        assert env["HF_HOME"].startswith(mount["mountPath"] + "/")
+        assert env["BOOMERANG_CACHE"] == mount["mountPath"]
+
+
+def test_a_sized_node_local_cache_requests_its_ephemeral_storage() -> None:
+    objs = _children(patch={"model": {"cache": {"size": "200Gi"}}})
+    sts = _find(objs, "StatefulSet", "-decode")
+    volume = next(v for v in sts["spec"]["template"]["spec"]["volumes"] if v["name"] == "cache")
+    assert volume["emptyDir"] == {"sizeLimit": "200Gi"}
+    resources = _engine(objs, "decode")["resources"]
+    assert resources["requests"]["ephemeral-storage"] == "200Gi"
+    assert "volumeClaimTemplates" not in sts["spec"]
+
+
+def test_a_persistent_cache_is_one_claim_per_pod_kept_across_restarts() -> None:
+    patch = {"model": {"cache": {"size": "500Gi", "persistent": True, "storageClassName": "gp3"}}}
+    objs = _children(patch=patch)
+    for role in ("prefill", "decode"):
+        sts = _find(objs, "StatefulSet", f"-{role}")
+        (claim,) = sts["spec"]["volumeClaimTemplates"]
+        assert claim["metadata"]["name"] == "cache"
+        assert claim["spec"]["resources"]["requests"]["storage"] == "500Gi"
+        assert claim["spec"]["storageClassName"] == "gp3"
+        names = {v["name"] for v in sts["spec"]["template"]["spec"]["volumes"]}
+        assert "cache" not in names  # the claim provides it
+        assert "ephemeral-storage" not in _engine(objs, role)["resources"].get("requests", {})
+
+
+def test_engines_get_a_token_only_with_a_service_account_of_their_own() -> None:
+    default = _find(_children(), "StatefulSet", "-prefill")["spec"]["template"]["spec"]
+    assert default["automountServiceAccountToken"] is False
+    assert "serviceAccountName" not in default
+    assert default["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    objs = _children(patch={"prefill": {"serviceAccountName": "model-reader"}})
+    prefill = _find(objs, "StatefulSet", "-prefill")["spec"]["template"]["spec"]
+    decode = _find(objs, "StatefulSet", "-decode")["spec"]["template"]["spec"]
+    assert prefill["serviceAccountName"] == "model-reader"
+    assert prefill["automountServiceAccountToken"] is True
+    assert decode["automountServiceAccountToken"] is False
