@@ -85,6 +85,16 @@ CASES: list[tuple[str, Callable[[Spec], Spec], tuple[str, ...]]] = [
         ("spec.router.store", "mutually exclusive"),
     ),
     (
+        "open-internet-load-balancer-without-keys",
+        _set("spec.router.service", {"type": "LoadBalancer"}),
+        ("spec.router.apiKeySecretRef", "internet-facing"),
+    ),
+    (
+        "persistent-cache-without-size",
+        _set("spec.model.cache", {"persistent": True}),
+        ("spec.model.cache.size", "required"),
+    ),
+    (
         "required-placement-without-key",
         _set("spec.placement", {"required": True}),
         ("spec.placement.topologyKey", "required"),

@@ -290,6 +290,18 @@ class RouterServiceSpec(_Model):
         "ClusterIP", description="Kubernetes Service type."
     )
     port: int = Field(80, description="Service port.", ge=1, le=65535)
+    annotations: dict[str, str] = Field(
+        default_factory=dict,
+        description="Annotations of the Service, e.g. the AWS load balancer's scheme or type.",
+    )
+    load_balancer_source_ranges: list[str] = Field(
+        default_factory=list, description="CIDRs allowed to reach a LoadBalancer Service."
+    )
+    allow_unauthenticated: bool = Field(
+        False,
+        description="Allow an internet-facing LoadBalancer without router.apiKeySecretRef. "
+        "Off, such a resource is refused at admission: the router would be open to anyone.",
+    )
 
 
 class ContainerResources(_Model):
@@ -326,6 +338,16 @@ class RouterSpec(_Model):
     )
     api_key_secret_ref: SecretKeyRef | None = Field(
         None, description="Secret key with API keys (one per line, optionally 'key tenant')."
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels the router pods must match."
+    )
+    tolerations: FreeFormList = Field(
+        default_factory=list, description="Kubernetes tolerations of the router pods."
+    )
+    pod_template: FreeForm = Field(
+        default_factory=dict,
+        description="Escape hatch: a partial PodTemplateSpec deep-merged over the router's.",
     )
 
 
@@ -400,6 +422,13 @@ def _router_ttl_ok(s: DisaggregatedDeploymentSpec) -> bool:
     return ttl + 5 < parse_duration(s.kv_transfer.decoder_blocks_ttl)
 
 
+INTERNAL_LB_ANNOTATIONS = (
+    ("service.beta.kubernetes.io/aws-load-balancer-scheme", "internal"),
+    ("service.beta.kubernetes.io/aws-load-balancer-internal", "true"),
+)
+"""What makes an AWS load balancer internal (the AWS Load Balancer Controller's annotation,
+and the in-tree cloud provider's); any other LoadBalancer Service is internet-facing."""
+
 RULES: tuple[Rule, ...] = (
     Rule(
         cel="!has(self.router.conversationTTL) || duration(self.router.conversationTTL) "
@@ -446,6 +475,24 @@ RULES: tuple[Rule, ...] = (
         message="spec.router.store.url and spec.router.store.urlSecretRef are mutually exclusive",
         field_path=".router.store",
         check=lambda s: s.router.store.url is None or s.router.store.url_secret_ref is None,
+    ),
+    Rule(
+        cel="self.router.service.type != 'LoadBalancer' || has(self.router.apiKeySecretRef) "
+        "|| self.router.service.allowUnauthenticated || "
+        + " || ".join(
+            f"('{key}' in self.router.service.annotations && "
+            f"self.router.service.annotations['{key}'] == '{value}')"
+            for key, value in INTERNAL_LB_ANNOTATIONS
+        ),
+        message="spec.router.apiKeySecretRef is required for an internet-facing LoadBalancer "
+        "(or set spec.router.service.allowUnauthenticated)",
+        field_path=".router.apiKeySecretRef",
+        check=lambda s: (
+            s.router.service.type != "LoadBalancer"
+            or s.router.api_key_secret_ref is not None
+            or s.router.service.allow_unauthenticated
+            or any(s.router.service.annotations.get(k) == v for k, v in INTERNAL_LB_ANNOTATIONS)
+        ),
     ),
     Rule(
         cel="!self.model.cache.persistent || has(self.model.cache.size)",

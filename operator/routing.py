@@ -14,6 +14,7 @@ import yaml
 
 from boomerang.operator import render
 from boomerang.operator.api import DisaggregatedDeployment
+from boomerang.operator.merge import deep_merge
 
 COMPONENT = "router"
 
@@ -83,7 +84,12 @@ def build_service(dd: DisaggregatedDeployment) -> dict[str, Any]:
     }
     if router.store.type == "memory" and router.replicas > 1:
         spec["sessionAffinity"] = "ClientIP"
-    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(dd), "spec": spec}
+    if router.service.load_balancer_source_ranges:
+        spec["loadBalancerSourceRanges"] = list(router.service.load_balancer_source_ranges)
+    meta = _meta(dd)
+    if router.service.annotations:
+        meta["annotations"] = dict(router.service.annotations)
+    return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec}
 
 
 def build_deployment(dd: DisaggregatedDeployment) -> dict[str, Any]:
@@ -108,10 +114,14 @@ def build_deployment(dd: DisaggregatedDeployment) -> dict[str, Any]:
             }
         },
     }
-    template = {
-        "metadata": {"labels": render.labels(dd, COMPONENT), "annotations": {}},
-        "spec": pod,
-    }
+    if router.node_selector:
+        pod["nodeSelector"] = dict(router.node_selector)
+    if router.tolerations:
+        pod["tolerations"] = [dict(t) for t in router.tolerations]
+    template = deep_merge(
+        {"metadata": {"labels": render.labels(dd, COMPONENT), "annotations": {}}, "spec": pod},
+        router.pod_template,
+    )
     config_hash = render.stable_hash([template, router_config_yaml(dd)])
     template["metadata"]["annotations"][render.ANNOTATION_CONFIG_HASH] = config_hash
     return {

@@ -257,3 +257,55 @@ def test_engines_get_a_token_only_with_a_service_account_of_their_own() -> None:
     assert prefill["serviceAccountName"] == "model-reader"
     assert prefill["automountServiceAccountToken"] is True
     assert decode["automountServiceAccountToken"] is False
+
+
+def test_router_pods_take_their_own_placement_and_template() -> None:
+    patch = {
+        "router": {
+            "nodeSelector": {"pool": "cpu"},
+            "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+            "podTemplate": {"metadata": {"annotations": {"team": "serving"}}},
+        }
+    }
+    deployment_ = _find(_children(patch=patch), "Deployment", "-router")
+    template = deployment_["spec"]["template"]
+    assert template["spec"]["nodeSelector"] == {"pool": "cpu"}
+    assert template["spec"]["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
+    assert template["metadata"]["annotations"]["team"] == "serving"
+    assert render.ANNOTATION_CONFIG_HASH in template["metadata"]["annotations"]
+
+
+def test_router_service_carries_annotations_and_source_ranges() -> None:
+    internal = {"service.beta.kubernetes.io/aws-load-balancer-scheme": "internal"}
+    patch = {
+        "router": {
+            "service": {
+                "type": "LoadBalancer",
+                "annotations": internal,
+                "loadBalancerSourceRanges": ["10.0.0.0/8"],
+            }
+        }
+    }
+    service = _find(_children(patch=patch), "Service", "-router")
+    assert service["metadata"]["annotations"] == internal
+    assert service["spec"]["loadBalancerSourceRanges"] == ["10.0.0.0/8"]
+
+
+@pytest.mark.parametrize(
+    "router",
+    [
+        {"service": {"type": "LoadBalancer", "allowUnauthenticated": True}},
+        {"service": {"type": "LoadBalancer"}, "apiKeySecretRef": {"name": "k", "key": "keys"}},
+        {
+            "service": {
+                "type": "LoadBalancer",
+                "annotations": {"service.beta.kubernetes.io/aws-load-balancer-internal": "true"},
+            }
+        },
+    ],
+    ids=["explicitly-open", "with-api-keys", "internal"],
+)
+def test_a_load_balancer_is_admitted_when_keyed_internal_or_explicitly_open(router) -> None:
+    assert _find(_children(patch={"router": router}), "Service", "-router")["spec"]["type"] == (
+        "LoadBalancer"
+    )
