@@ -15,7 +15,7 @@ VENV := $(BOOMERANG_CACHE)/venv-dev-$(DEV_HASH)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: print-venv dev engine tools redis lua install-yaml check lint types test unit demo cluster crds
+.PHONY: print-venv dev engine tools redis lua node install-yaml check lint types test unit demo cluster cluster-node crds
 
 # The cached venv installs this checkout in editable mode; `.done` records which checkout, so a
 # fresh clone (CI) re-points it at its own files before testing them.
@@ -39,6 +39,11 @@ tools:
 
 redis:
 	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
+
+# The real node's Debian packages (containerd, runc, CNI plugins, iptables, busybox-static);
+# its kubelet and kube-proxy come from `make tools`.
+node:
+	bash e2e/tools/install-node.sh
 
 # Lua 5.1, the language Argo CD embeds: the health check in charts/boomerang/docs is run by it.
 lua:
@@ -68,11 +73,15 @@ unit: dev
 	$(PY) -m pytest -m 'not cluster and not engine and not node' $(PYTEST_ARGS)
 
 # What CI runs: everything, on a fresh machine.
-test: dev redis lua tools engine lint types
+test: dev redis lua node tools engine lint types
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 cluster: dev tools
 	PYTHONSAFEPATH= $(PY) e2e/cluster.py
+
+# The same control plane plus one real node (containerd, runc, kubelet, kube-proxy); needs root.
+cluster-node: dev tools node
+	PYTHONSAFEPATH= $(PY) e2e/cluster.py --real-node
 
 demo: dev engine
 	$(VENV)/bin/boomerang demo

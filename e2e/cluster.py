@@ -7,8 +7,12 @@ envtest does: etcd, kube-apiserver, kube-controller-manager (StatefulSet pods, g
 collection), kube-scheduler, and kwok, which plays the kubelet for fake nodes so that pods become
 Running and Ready. The fake nodes look like EKS p5en.48xlarge GPU nodes with EFA.
 
+`Cluster(real_node=True)` adds one real node beside the fake ones (containerd, a kubelet and
+kube-proxy, see `realnode.py`); kwok manages only the nodes annotated as its fake ones.
+
 Only the standard library is used, so `python e2e/cluster.py` works before any install.
-Run by hand (`make cluster`) it prints a KUBECONFIG and keeps the cluster up until Ctrl-C.
+Run by hand (`make cluster`) it prints a KUBECONFIG and keeps the cluster up until Ctrl-C;
+`python e2e/cluster.py --real-node` (as root) adds the real node.
 """
 
 from __future__ import annotations
@@ -25,10 +29,13 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from audit import AuditLog, write_policy
 from kube import fake_gpu_node, free_port, make_pki, port_free, wait_until, write_kubeconfig
+
+if TYPE_CHECKING:
+    from realnode import RealNode
 
 K8S_VERSION = "v1.36.2"
 BINARIES = (
@@ -42,6 +49,9 @@ BINARIES = (
     "kwok-stages.yaml",  # kwok's own default Stages, written by build.sh
 )
 SERVICE_CIDR = "10.96.0.0/16"
+# kwok plays the kubelet only for nodes carrying this annotation (`kube.fake_gpu_node` sets it),
+# so that a real node's kubelet (`realnode.py`) is never contested.
+KWOK_NODE_SELECTOR = "kwok.x-k8s.io/node=fake"
 
 
 def bin_dir() -> Path:
@@ -118,6 +128,8 @@ class Cluster:
     port: int = 0
     etcd_port: int = 0
     procs: dict[str, _Proc] = field(default_factory=dict)
+    real_node: bool = False  # also run one real node (containerd + kubelet + kube-proxy)
+    node: RealNode | None = None
 
     # Paths -----------------------------------------------------------------------------------
     @property
@@ -152,8 +164,13 @@ class Cluster:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port()
         make_pki(self.workdir / "pki")
+        if self.real_node:
+            from realnode import RealNode  # imports this module: only when asked for
+
+            self.node = RealNode(self.workdir / "node", self.binaries, self.workdir / "logs")
+        tokens = f'{self.token},boomerang-admin,boomerang-admin,"system:masters"\n'
         (self.workdir / "tokens.csv").write_text(
-            f'{self.token},boomerang-admin,boomerang-admin,"system:masters"\n'
+            tokens + (self.node.token_lines() if self.node else "")
         )
         write_kubeconfig(self.kubeconfig, self.server, self.ca_file, self.token, "admin")
         try:
@@ -161,19 +178,27 @@ class Cluster:
             self._start_apiserver()
             self._start_controllers()
             self.add_nodes(self.nodes)
+            if self.node is not None:
+                self.node.start(self)
         except BaseException:
             self.stop()
             raise
         return self
 
     def stop(self) -> None:
-        """Stop every component: the clients of etcd together first, etcd last."""
-        order = ("kwok", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd")
-        procs = [self.procs.pop(name) for name in order if name in self.procs]
-        for proc in procs[:-1]:
-            proc.terminate()
-        for proc in procs:
-            proc.stop()
+        """Stop every component: the real node first (its pods are deleted through the API),
+        then the clients of etcd together, etcd last."""
+        node, self.node = self.node, None
+        try:
+            if node is not None:
+                node.stop(self)
+        finally:
+            order = ("kwok", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd")
+            procs = [self.procs.pop(name) for name in order if name in self.procs]
+            for proc in procs[:-1]:
+                proc.terminate()
+            for proc in procs:
+                proc.stop()
 
     def __enter__(self) -> Cluster:
         return self.start()
@@ -248,6 +273,7 @@ class Cluster:
                 "--audit-log-format=json",
                 "--profiling=false",
                 "--v=1",
+                *(self.node.apiserver_flags(pki) if self.node else []),
             ],
         )
 
@@ -283,7 +309,7 @@ class Cluster:
             "kwok",
             [
                 f"--kubeconfig={self.kubeconfig}",
-                "--manage-all-nodes=true",
+                f"--manage-nodes-with-annotation-selector={KWOK_NODE_SELECTOR}",
                 f"--config={self.binaries / 'kwok-stages.yaml'}",
                 "--node-lease-duration-seconds=40",
                 f"--server-address=127.0.0.1:{free_port()}",
@@ -405,12 +431,15 @@ def _interrupt(signum: int, frame: object) -> None:
 def main() -> int:
     """`make cluster`: start a cluster, print how to reach it, stop cleanly on Ctrl-C."""
     workdir = Path(tempfile.mkdtemp(prefix="boomerang-cluster-"))
-    cluster = Cluster(workdir)
+    cluster = Cluster(workdir, real_node="--real-node" in sys.argv[1:])
     signal.signal(signal.SIGTERM, _interrupt)
     print(f"starting Kubernetes {K8S_VERSION} control plane in {workdir} ...", flush=True)
     with cluster:
         print(f"\n  export KUBECONFIG={cluster.kubeconfig}")
         print(f"  export PATH={cluster.binaries}:$PATH   # kubectl, helm, kwok {K8S_VERSION}")
+        if cluster.node is not None:
+            print(f"  real node: {cluster.node.name} at {cluster.node.ip}, pods on "
+                  f"{cluster.node.subnet}, image {cluster.node.busybox_image}")  # fmt: skip
         print(f"  logs: {workdir / 'logs'}\n\nCtrl-C stops it.", flush=True)
         try:
             signal.pause()

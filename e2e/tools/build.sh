@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the real control plane the e2e suite runs against (etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubectl, kwok, helm) from the versions pinned in
-# this folder's go.mod, into a cache outside the repo keyed by those versions.
-# Only missing binaries are built, so a warm cache makes this a no-op.
+# kube-controller-manager, kube-scheduler, kubectl, kwok, helm) and the real node's kubelet and
+# kube-proxy from the versions pinned in this folder's go.mod, into a cache outside the repo
+# keyed by those versions. Only missing or stale binaries are built, so a warm cache makes this
+# a no-op.
 #
 # Usage: bash e2e/tools/build.sh        # prints the bin directory on its last line
 # Env:   BOOMERANG_CACHE (default $HOME/.cache/boomerang), GO (default: go)
@@ -14,8 +15,10 @@ GO=${GO:-go}
 CACHE=${BOOMERANG_CACHE:-$HOME/.cache/boomerang}
 BIN=$CACHE/k8s-$K8S_VERSION/bin
 mkdir -p "$BIN"
-# Each binary carries a stamp of what it was built from (go.mod, go.sum, and for etcd its main),
-# so changing a pin rebuilds exactly the binaries it can affect.
+# Each binary carries two stamps of what it was built from. `.NAME.stamp` hashes go.mod and
+# go.sum (and etcd's main): while it matches, nothing is looked at again. When it does not (a pin
+# or a new tool changed go.mod), `.NAME.deps` decides: it hashes the module versions the binary's
+# packages really come from (`go list -deps`), so only binaries whose modules changed rebuild.
 MODULE_HASH=$(cat go.mod go.sum | sha256sum | cut -c1-16)
 stamp_of() {
   if [[ $1 == etcd ]]; then
@@ -23,6 +26,15 @@ stamp_of() {
   else
     echo "$MODULE_HASH"
   fi
+}
+deps_of() {  # name pkg ldflags
+  {
+    echo "$3"
+    [[ $1 == etcd ]] && cat etcd/main.go
+    "$GO" list -deps -f \
+      '{{with .Module}}{{.Path}}@{{.Version}}{{with .Replace}}=>{{.Path}}@{{.Version}}{{end}}{{end}}' \
+      "$2" | sort -u
+  } | sha256sum | cut -c1-16
 }
 
 if ! command -v "$GO" >/dev/null; then
@@ -58,6 +70,9 @@ TARGETS=(
   "kubectl=k8s.io/kubernetes/cmd/kubectl"
   "kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager"
   "kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver"
+  # The real node (e2e/realnode.py); the control plane does not need them.
+  "kube-proxy=k8s.io/kubernetes/cmd/kube-proxy"
+  "kubelet=k8s.io/kubernetes/cmd/kubelet"
 )
 
 LDFLAGS=$(version_ldflags)
@@ -65,18 +80,27 @@ for target in "${TARGETS[@]}"; do
   name=${target%%=*}
   pkg=${target#*=}
   stamp=$(stamp_of "$name")
-  if [[ -x $BIN/$name && "$(cat "$BIN/.$name.stamp" 2>/dev/null)" == "$stamp" ]]; then
+  old_stamp=$(cat "$BIN/.$name.stamp" 2>/dev/null || true)
+  if [[ -x $BIN/$name && $old_stamp == "$stamp" && -s $BIN/.$name.deps ]]; then
+    continue
+  fi
+  flags=$LDFLAGS
+  if [[ $name == helm ]]; then
+    flags+=" -X helm.sh/helm/v4/internal/version.version=$(awk '$1 == "helm.sh/helm/v4" {print $2}' go.mod)"
+  fi
+  deps=$(deps_of "$name" "$pkg" "$flags")
+  # A matching go.mod/go.sum stamp vouches for the deps too (binaries from before .deps existed).
+  if [[ -x $BIN/$name && ($old_stamp == "$stamp" || "$(cat "$BIN/.$name.deps" 2>/dev/null)" == "$deps") ]]; then
+    echo "$deps" >"$BIN/.$name.deps"
+    echo "$stamp" >"$BIN/.$name.stamp"
     continue
   fi
   echo "build.sh: building $name ($pkg)" >&2
   start=$SECONDS
   # Build to a temp name and rename, so an interrupted build never leaves a broken binary.
-  flags=$LDFLAGS
-  if [[ $name == helm ]]; then
-    flags+=" -X helm.sh/helm/v4/internal/version.version=$(awk '$1 == "helm.sh/helm/v4" {print $2}' go.mod)"
-  fi
   "$GO" build -ldflags="$flags" -o "$BIN/.$name.tmp" "$pkg"
   mv "$BIN/.$name.tmp" "$BIN/$name"
+  echo "$deps" >"$BIN/.$name.deps"
   echo "$stamp" >"$BIN/.$name.stamp"
   echo "build.sh: built $name in $((SECONDS - start))s" >&2
 done
