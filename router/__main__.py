@@ -33,6 +33,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--decoder-blocks-ttl", type=float, help="D's decoder_kv_blocks_ttl, seconds")
     p.add_argument("--handle-ttl", type=float, help="router handle TTL, seconds")
     p.add_argument("--recompute-threshold", type=int, help="P's kv_recompute_threshold, tokens")
+    p.add_argument("--max-inflight", type=int, help="requests served at once; 0: unlimited")
     p.add_argument("--no-bidirectional", action="store_true", help="never attach D's params to P")
     p.add_argument("--no-partial-reuse", action="store_true", help="full hits only, no partial")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING, ...")
@@ -50,6 +51,7 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "decoder_blocks_ttl": "decoder_blocks_ttl_s",
         "handle_ttl": "handle_ttl_s",
         "recompute_threshold": "recompute_threshold",
+        "max_inflight": "max_inflight",
         "log_level": "log_level",
     }
     for flag, field in simple.items():

@@ -1,10 +1,11 @@
 """The aiohttp application: routes, middlewares and the lifecycle of everything a router holds.
 
 `create_app(config)` is the only way in: no module globals, one engine client per app,
-resources (store, session, discovery watchers, health prober, expiry sweeper) opened and
-closed in `cleanup_ctx`, state under typed `AppKey`s. Tests and the local runtime start it
-in-process; `boomerang-router` runs it with `web.run_app` (with handler cancellation on, so a
-client disconnect cancels the upstream calls).
+resources (store, session, discovery watchers, health prober, expiry sweeper, API keys poller)
+opened and closed in `cleanup_ctx`, state under typed `AppKey`s. The completion endpoints take
+an in-flight slot (`admission.py`) after authentication and before the body is read. Tests
+and the local runtime start it in-process; `boomerang-router` runs it with `web.run_app` (with
+handler cancellation on, so a client disconnect cancels the upstream calls).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from boomerang.router import auth, logs
+from boomerang.router.admission import InflightLimit, Overloaded
 from boomerang.router.config import EndpointSource, RouterConfig
 from boomerang.router.decode import ClientGone
 from boomerang.router.discovery import SliceWatcher, api_access
@@ -38,7 +40,8 @@ log = logging.getLogger("boomerang.router")
 CONFIG = web.AppKey("config", RouterConfig)
 METRICS = web.AppKey("metrics", Metrics)
 ROUTER = web.AppKey("router", Router)
-KEYS = web.AppKey("api_keys", dict)
+KEYS = web.AppKey("api_keys", auth.KeyFile)
+INFLIGHT = web.AppKey("inflight", InflightLimit)
 REQUEST_ID = web.RequestKey("request_id", str)
 
 
@@ -52,8 +55,10 @@ def create_app(
     app = web.Application(client_max_size=config.max_request_bytes, middlewares=[_request_context])
     app[CONFIG] = config
     app[METRICS] = Metrics()
+    app[INFLIGHT] = InflightLimit(config.max_inflight, config.overload_retry_after_s)
+    app[METRICS].inflight.set_function(lambda: app[INFLIGHT].current)
     if config.api_keys_file:
-        app[KEYS] = auth.load_keys(config.api_keys_file)
+        app[KEYS] = auth.KeyFile(config.api_keys_file)
     app.cleanup_ctx.append(_lifecycle(strategy, store))
     app.on_response_prepare.append(_add_request_id)
     app.router.add_post("/v1/chat/completions", _completions("chat"))
@@ -119,6 +124,9 @@ def _lifecycle(strategy: Strategy | None, store: ConversationStore | None) -> An
         await probe_all(engines, pools, config, metrics)
         tasks.append(asyncio.create_task(run_prober(engines, pools, config, metrics)))
         tasks.append(asyncio.create_task(_sweeper(the_store, config, metrics)))
+        if KEYS in app:
+            poll = _key_poller(app[KEYS], config.api_keys_poll_s, metrics)
+            tasks.append(asyncio.create_task(poll))
         try:
             yield
         finally:
@@ -139,6 +147,14 @@ async def _sweeper(store: ConversationStore, config: RouterConfig, metrics: Metr
         size = await store.size()
         if size is not None:
             metrics.stored_conversations.set(size)
+
+
+async def _key_poller(keys: auth.KeyFile, interval_s: float, metrics: Metrics) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        changed = keys.refresh()
+        if changed is not None:
+            metrics.api_key_reloads.labels("ok" if changed else "error").inc()
 
 
 @web.middleware
@@ -169,7 +185,8 @@ async def _add_request_id(request: web.Request, response: web.StreamResponse) ->
 
 
 def _tenant(request: web.Request) -> str:
-    keys = request.app.get(KEYS)
+    key_file = request.app.get(KEYS)
+    keys = key_file.keys if key_file is not None else None
     header = request.app[CONFIG].tenant_header
     gateway = request.headers.get(header) if header else None
     tenant: str = auth.tenant_of(request.headers.get("Authorization"), keys, gateway)
@@ -191,12 +208,17 @@ def _completions(kind: Kind) -> Any:
         outcome = "error"
         try:
             tenant = _tenant(request)
-            data = parse_json(await _read_body(request, config.max_request_bytes))
-            req = validate(kind, data, request.headers.get("X-Conversation-Id"))
-            check_model(req.model, config.model)
-            response: web.StreamResponse = await request.app[ROUTER].handle(request, req, tenant)
+            with request.app[INFLIGHT].slot():
+                data = parse_json(await _read_body(request, config.max_request_bytes))
+                req = validate(kind, data, request.headers.get("X-Conversation-Id"))
+                check_model(req.model, config.model)
+                router = request.app[ROUTER]
+                response: web.StreamResponse = await router.handle(request, req, tenant)
             outcome = "ok"
             return response
+        except Overloaded:
+            outcome = "overloaded"
+            raise
         except ApiError as exc:
             outcome = "client_error" if exc.status < 500 else "unavailable"
             raise

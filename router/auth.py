@@ -5,17 +5,28 @@ key gets 401, and its tenant is the one named on the key's line (or one derived 
 Without a file, anyone may call; the tenant is derived from whatever Bearer token is sent (a
 gateway in front may authenticate), else a shared anonymous tenant. Keys are held only as
 SHA-256 digests, so neither logs nor memory dumps show them.
+
+The file is re-read when it changes (`KeyFile.refresh`, polled by the app), so rotating a key
+needs no restart. Kubernetes updates a mounted Secret by writing a new directory and swapping
+the `..data` symlink, so a change is seen by `stat` through the links (device, inode, size and
+times of the file they resolve to). An update that cannot be read, is not UTF-8, or holds no
+key keeps the last good keys: a botched Secret must not lock every client out.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
+import os
 from pathlib import Path
 
 from boomerang.router.errors import ApiError
 
+log = logging.getLogger("boomerang.router")
 ANONYMOUS = "anonymous"
+Stamp = tuple[int, int, int, int, int]
+"""One version of a file: device, inode, size, mtime and ctime (ns)."""
 
 
 def _digest(key: str) -> bytes:
@@ -42,6 +53,41 @@ def load_keys(path: str) -> dict[bytes, str]:
     if not keys:
         raise ValueError(f"{path}: no API keys")
     return keys
+
+
+def _stamp(path: str) -> Stamp | None:
+    try:
+        st = os.stat(path)  # follows symlinks: a swapped `..data` resolves to another inode
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class KeyFile:
+    """The API keys of one file, replaced by `refresh` when the file changes."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._stamp = _stamp(path)  # taken before reading: a change while reading shows next time
+        self.keys = load_keys(path)
+
+    def refresh(self) -> bool | None:
+        """Re-read a changed file: True reloaded, False kept the last good keys, None unchanged.
+
+        A bad version is not read again until the file changes again (one log line per bad
+        update, not one per poll)."""
+        stamp = _stamp(self.path)
+        if stamp == self._stamp:
+            return None
+        self._stamp = stamp
+        try:
+            keys = load_keys(self.path)
+        except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+            log.warning("Kept last API keys", extra={"file": self.path, "error": str(exc)})
+            return False
+        self.keys = keys
+        log.info("Reloaded API keys", extra={"file": self.path, "keys": len(keys)})
+        return True
 
 
 def bearer(header: str | None) -> str | None:

@@ -155,7 +155,13 @@ class RouterConfig(_Model):
     store: StoreConfig = Field(default_factory=StoreConfig, description="Conversation store.")
     api_keys_file: str | None = Field(
         default=None,
-        description="One API key per line, optionally `key tenant`; set = Bearer auth required.",
+        description="One API key per line, optionally `key tenant`; set = Bearer auth required. "
+        "Re-read when it changes (a Secret update); an unreadable or empty update is ignored.",
+    )
+    api_keys_poll_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="How often the API keys file is checked for a change (inode, size, mtime).",
     )
     tenant_header: str | None = Field(
         default=None,
@@ -171,6 +177,15 @@ class RouterConfig(_Model):
     health: HealthConfig = Field(default_factory=HealthConfig, description="Engine health.")
     max_request_bytes: int = Field(
         default=8 * 1024 * 1024, ge=1024, description="Largest accepted request body."
+    )
+    max_inflight: int = Field(
+        default=1024,
+        ge=0,
+        description="Completion requests one replica serves at once; beyond it 429 with "
+        "Retry-After (no engine called). 0: unlimited. Health, metrics and models are exempt.",
+    )
+    overload_retry_after_s: int = Field(
+        default=1, ge=1, description="The Retry-After (seconds) of a 429 at the in-flight limit."
     )
     prefill_retries: int = Field(
         default=2, ge=0, description="Extra prefill attempts on other engines after a failure."
@@ -270,6 +285,9 @@ _ENV_SCALARS: dict[str, tuple[str, ...]] = {
     "BOOMERANG_ROUTER_LOG_LEVEL": ("log_level",),
     "BOOMERANG_REDIS_URL": ("store", "url"),
     "BOOMERANG_API_KEYS_FILE": ("api_keys_file",),
+    "BOOMERANG_ROUTER_API_KEYS_POLL_S": ("api_keys_poll_s",),
+    "BOOMERANG_ROUTER_MAX_INFLIGHT": ("max_inflight",),
+    "BOOMERANG_ROUTER_OVERLOAD_RETRY_AFTER_S": ("overload_retry_after_s",),
     "BOOMERANG_ENGINE_API_KEY": ("engine_api_key",),
 }
 _ENV_LISTS: dict[str, tuple[str, ...]] = {

@@ -8,7 +8,11 @@ fails is resumed from the last resourceVersion; `410 Gone` relists. The turning 
 URLs is pure (`ready_urls`).
 
 Credentials: in a pod, the service account (token, CA, KUBERNETES_SERVICE_HOST); elsewhere the
-kubeconfig that the `kubernetes` client library would use.
+kubeconfig that the `kubernetes` client library would use. The in-cluster token is a projected,
+bound token that the kubelet rotates (about hourly, before it expires), so it is read from its
+file before every list and watch request, never kept: a watch ends within its `timeoutSeconds`
+(300 s) and the next one carries the current token; a request refused with 401 is retried after
+`retry_s`, with the token read again.
 """
 
 from __future__ import annotations
@@ -54,17 +58,26 @@ class ApiAccess:
     server: str
     headers: dict[str, str]
     ssl_context: ssl.SSLContext | bool
+    token_file: Path | None = None
+    """A Bearer token file read for every request (it rotates), over `headers`."""
+
+    def request_headers(self) -> dict[str, str]:
+        """The headers of one request, with the token as the file holds it now."""
+        if self.token_file is None:
+            return self.headers
+        token = self.token_file.read_text().strip()
+        return {**self.headers, "Authorization": f"Bearer {token}"}
 
 
-def api_access() -> ApiAccess:
+def api_access(sa_dir: Path = SA_DIR, env: Mapping[str, str] | None = None) -> ApiAccess:
     """In-cluster service account, else the local kubeconfig."""
-    host = os.environ.get("KUBERNETES_SERVICE_HOST")
-    if host and (SA_DIR / "token").exists():
-        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        ctx = ssl.create_default_context(cafile=str(SA_DIR / "ca.crt"))
-        token = (SA_DIR / "token").read_text().strip()
+    env = os.environ if env is None else env
+    host = env.get("KUBERNETES_SERVICE_HOST")
+    if host and (sa_dir / "token").exists():
+        port = env.get("KUBERNETES_SERVICE_PORT", "443")
+        ctx = ssl.create_default_context(cafile=str(sa_dir / "ca.crt"))
         host = f"[{host}]" if ":" in host else host
-        return ApiAccess(f"https://{host}:{port}", {"Authorization": f"Bearer {token}"}, ctx)
+        return ApiAccess(f"https://{host}:{port}", {}, ctx, token_file=sa_dir / "token")
     return _kubeconfig_access()
 
 
@@ -124,13 +137,17 @@ class SliceWatcher:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("EndpointSlice watch failed", extra={"error": repr(exc)})
+                # A 401 (an expired token): the retry re-reads the token file.
+                refused = isinstance(exc, aiohttp.ClientResponseError) and exc.status == 401
+                what = "API server refused the token" if refused else "EndpointSlice watch failed"
+                log.warning(what, extra={"error": repr(exc)})
                 await asyncio.sleep(self.retry_s)
 
     async def _list(self, session: aiohttp.ClientSession) -> None:
         params = {"labelSelector": self._selector}
+        headers = self.access.request_headers()
         async with session.get(
-            self._url, params=params, headers=self.access.headers, ssl=self.access.ssl_context
+            self._url, params=params, headers=headers, ssl=self.access.ssl_context
         ) as resp:
             resp.raise_for_status()
             data = await resp.json()
@@ -149,7 +166,7 @@ class SliceWatcher:
         async with session.get(
             self._url,
             params=params,
-            headers=self.access.headers,
+            headers=self.access.request_headers(),
             ssl=self.access.ssl_context,
             timeout=aiohttp.ClientTimeout(total=None, sock_read=360),
         ) as resp:

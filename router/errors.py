@@ -7,6 +7,7 @@ request (and which parameter), 5xx says which upstream stage failed. Nothing els
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import web
@@ -23,6 +24,7 @@ class ApiError(Exception):
         type_: str | None = None,
         param: str | None = None,
         code: str | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -30,6 +32,7 @@ class ApiError(Exception):
         self.type = type_ or _default_type(status)
         self.param = param
         self.code = code
+        self.headers = dict(headers or {})
 
     def body(self) -> dict[str, Any]:
         """The JSON body OpenAI clients expect."""
@@ -44,7 +47,7 @@ class ApiError(Exception):
 
     def response(self) -> web.Response:
         """An aiohttp response carrying this error."""
-        return web.json_response(self.body(), status=self.status)
+        return web.json_response(self.body(), status=self.status, headers=self.headers or None)
 
 
 def _default_type(status: int) -> str:

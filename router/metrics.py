@@ -17,6 +17,11 @@ outcome:
   bidirectional).
 Hit and partial turns add the tokens P may pull from D to `reused_tokens_total`; partial turns
 observe reused tokens / prompt tokens in `reused_fraction`.
+
+Hardening: a request refused at the in-flight limit (429) counts `requests_total{outcome=
+overloaded}` and no reuse outcome (it never reached the flow); `inflight_requests` is the
+number being served; `api_key_reloads_total{result=ok|error}` counts re-reads of a changed API
+keys file (error: the update was unreadable or empty and the last good keys were kept).
 """
 
 from __future__ import annotations
@@ -119,7 +124,21 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.inflight = Gauge(
+            p + "inflight_requests",
+            "Completion requests being served by this replica (see max_inflight).",
+            registry=r,
+        )
+        self.api_key_reloads = Counter(
+            p + "api_key_reloads",
+            "Re-reads of a changed API keys file: ok, or error (the last good keys were kept).",
+            ["result"],
+            registry=r,
+        )
         for outcome in REUSE_OUTCOMES:
             self.reuse.labels(outcome)
+        self.requests.labels("overloaded")
+        for result in ("ok", "error"):
+            self.api_key_reloads.labels(result)
         for outcome in ("hit", "partial"):
             self.reused_tokens.labels(outcome)
