@@ -26,8 +26,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from boomerang.connector import calibrate, local, machine, pdclient, processes
-from boomerang.connector.bench_ttft import REPO, bench_manifest, start_engines, start_routers
+from boomerang.connector import calibrate, local, machine, pdclient
+from boomerang.connector.bench_ttft import (
+    REPO,
+    bench_manifest,
+    rotation,
+    start_engines,
+    start_routers,
+    stop_all,
+)
 
 MODES = {"partial": {"partial_reuse": True}, "rejected": {"partial_reuse": False}}
 THINK = "<think>" + "First I weigh each option against the others carefully. " * 16 + "</think>\n"
@@ -160,7 +167,7 @@ def main() -> None:
         conversation(ctx, "partial", 512, rng)  # warm-up: the first pull sets up NIXL
         for hist in histories:
             for rep in range(args.reps):
-                for mode in list(MODES)[rep % 2 :] + list(MODES)[: rep % 2]:
+                for mode in rotation(list(MODES), rep):
                     s = conversation(ctx, mode, hist, rng)
                     samples.append(s)
                     print(
@@ -169,8 +176,7 @@ def main() -> None:
                         flush=True,
                     )
     finally:
-        for pid in reversed(pids):
-            processes.stop(pid, timeout=30)
+        stop_all(pids)
     rows = summarize(samples)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "partial.json").write_text(json.dumps({"machine": header, "rows": rows}, indent=2))

@@ -25,7 +25,7 @@ import re
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -279,6 +279,19 @@ def draw(rows: list[dict[str, Any]], out: Path, model: str) -> None:
     plt.close(fig)
 
 
+def rotation(modes: Sequence[str], rep: int) -> list[str]:
+    """The modes in the order of repetition `rep`: rotated, so that no mode always runs right
+    after the same other one (the engines' state after a turn colours the next)."""
+    k = rep % len(modes)
+    return [*modes[k:], *modes[:k]]
+
+
+def stop_all(pids: list[int]) -> None:
+    """Stop what a benchmark started, routers before the engines they call."""
+    for pid in reversed(pids):
+        processes.stop(pid, timeout=30)
+
+
 def start_engines(dd: Any, run_dir: Path, venv: Path) -> tuple[dict[str, Any], list[int]]:
     env = dict(os.environ)
     local.build_model(venv, dd.spec.model.source, env)
@@ -373,8 +386,7 @@ def main() -> None:
         one_conversation(ctx, "router_on", 256, rng)
         for hist in histories:
             for rep in range(args.reps):
-                # Rotate the order so no mode always runs right after the same other one.
-                for mode in MODES[rep % 4 :] + MODES[: rep % 4]:
+                for mode in rotation(MODES, rep):
                     s = one_conversation(ctx, mode, hist, rng)
                     samples.append(s)
                     print(
@@ -383,8 +395,7 @@ def main() -> None:
                         flush=True,
                     )
     finally:
-        for pid in reversed(pids):
-            processes.stop(pid, timeout=30)
+        stop_all(pids)
     rows = summarize(samples)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(rows, indent=2))

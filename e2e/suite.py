@@ -11,6 +11,8 @@ import copy
 import json
 import subprocess
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -177,3 +179,15 @@ class StatusWatch:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextmanager
+def nodes_cordoned(cluster: Cluster) -> Iterator[None]:
+    """Cordon every node for the block: pods created meanwhile stay Pending, so a change's
+    rollout (or a loss of pods) is still visible when a test looks."""
+    nodes = cluster.kubectl("get", "nodes", "-o", "name").stdout.split()
+    cluster.kubectl("cordon", *nodes)
+    try:
+        yield
+    finally:
+        cluster.kubectl("uncordon", *nodes)

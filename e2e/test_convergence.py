@@ -10,14 +10,12 @@ keep their names when replaced).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from cluster import Cluster
 from kube import is_true, wait_until
-from suite import apply, get_dd, patched, pods, wait_ready
+from suite import apply, get_dd, nodes_cordoned, patched, pods, wait_ready
 
 pytestmark = pytest.mark.cluster
 CONFIG_HASH = "boomerang.dev/config-hash"
@@ -37,23 +35,12 @@ def _sts(cluster: Cluster, namespace: str, name: str, role: str) -> dict[str, An
     return cluster.get_json("statefulset", f"{name}-{role}", "-n", namespace)
 
 
-@contextmanager
-def _new_pods_held_pending(cluster: Cluster) -> Iterator[None]:
-    """Cordon every node for the block: pods created meanwhile stay Pending."""
-    nodes = cluster.kubectl("get", "nodes", "-o", "name").stdout.split()
-    cluster.kubectl("cordon", *nodes)
-    try:
-        yield
-    finally:
-        cluster.kubectl("uncordon", *nodes)
-
-
 def _change(
     cluster: Cluster, namespace: str, manifest: dict[str, Any], path: str, value: Any
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Apply one spec change; return the converged resource and the Progressing one seen."""
     name = manifest["metadata"]["name"]
-    with _new_pods_held_pending(cluster):
+    with nodes_cordoned(cluster):
         apply(cluster, patched(manifest, path, value), namespace)
         generation = get_dd(cluster, namespace, name)["metadata"]["generation"]
 

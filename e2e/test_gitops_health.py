@@ -14,15 +14,12 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from cluster import Cluster
 from install_yaml import ROOT, render
 from kube import wait_until
-from suite import apply, get_dd, patched, wait_ready
+from suite import apply, get_dd, nodes_cordoned, patched, wait_ready
 
 pytestmark = pytest.mark.cluster
 HEALTH_LUA = ROOT / "charts" / "boomerang" / "docs" / "argocd-health.lua"
@@ -72,16 +69,6 @@ def kstatus(obj: dict[str, Any]) -> str:
     return "Current"
 
 
-@contextmanager
-def cordoned(cluster: Cluster) -> Iterator[None]:
-    nodes = cluster.kubectl("get", "nodes", "-o", "name").stdout.split()
-    cluster.kubectl("cordon", *nodes)
-    try:
-        yield
-    finally:
-        cluster.kubectl("uncordon", *nodes)
-
-
 def test_health_of_real_status_objects(cluster, operator, namespace, ready_minimal) -> None:
     name = ready_minimal["metadata"]["name"]
     healthy = wait_ready(cluster, namespace, name)
@@ -95,14 +82,14 @@ def test_health_of_real_status_objects(cluster, operator, namespace, ready_minim
         current = status.get("observedGeneration") == dd["metadata"]["generation"]
         return dd if current and found.get(condition) == "True" else None
 
-    with cordoned(cluster):
+    with nodes_cordoned(cluster):
         apply(cluster, patched(ready_minimal, "spec.decode.replicas", 2), namespace)
         progressing = wait_until("Progressing", lambda: reported("Progressing"), timeout=60)
         assert argocd_health(progressing)[0] == "Progressing"
         assert kstatus(progressing) == "InProgress"
     wait_ready(cluster, namespace, name)
 
-    with cordoned(cluster):
+    with nodes_cordoned(cluster):
         cluster.kubectl(
             "delete", "pods", "-n", namespace, "-l", "boomerang.dev/role=decode", "--wait=false"
         )

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from dataplane.turns import (
-    MAX_TOKENS,
+    chat_body,
     chat_reference,
     moved,
     reference,
@@ -151,16 +151,7 @@ def detokenize(plane, ids: list[int]) -> str:
 
 def chat_turn(plane, router: str, conv: str, messages, **extra) -> tuple[str, list[int], Any]:
     """One chat turn through the router with ids on; returns reply, D's held ids, outcome."""
-    body = {
-        "model": plane.model,
-        "messages": messages,
-        "max_tokens": MAX_TOKENS,
-        "temperature": 0.0,
-        "logprobs": True,
-        "return_token_ids": True,
-        "conversation_id": conv,
-        **extra,
-    }
+    body = chat_body(plane.model, messages, return_token_ids=True, conversation_id=conv, **extra)
     resp, pulled, outcome = pulled_and_outcome(
         plane, router, lambda: pdclient.post(f"{router}/v1/chat/completions", body)
     )

@@ -86,15 +86,20 @@ def chat(router: str, model: str, messages: list[dict[str, str]], *, stream: boo
     return text, lps
 
 
-def chat_reference(plane, messages: list[dict[str, str]], **extra: Any) -> tuple[str, list[float]]:
-    """The same chat on P alone, without transfer params (P has no prefix cache)."""
-    body = {
-        "model": plane.model,
+def chat_body(model: str, messages: list[dict[str, str]], **extra: Any) -> dict[str, Any]:
+    """A greedy chat request with logprobs, as every chat test sends it."""
+    return {
+        "model": model,
         "messages": messages,
         "max_tokens": MAX_TOKENS,
         "temperature": 0.0,
         "logprobs": True,
         **extra,
     }
+
+
+def chat_reference(plane, messages: list[dict[str, str]], **extra: Any) -> tuple[str, list[float]]:
+    """The same chat on P alone, without transfer params (P has no prefix cache)."""
+    body = chat_body(plane.model, messages, **extra)
     choice = pdclient.post(f"{plane.p_url}/v1/chat/completions", body)["choices"][0]
     return choice["message"]["content"], [c["logprob"] for c in choice["logprobs"]["content"]]
