@@ -137,8 +137,14 @@ class Cluster:
         return self.workdir / "admin.kubeconfig"
 
     @property
+    def address(self) -> str:
+        """Where the API server serves: loopback, or with a real node its bridge address, which
+        the harness made and pods reach (the `kubernetes` Service's endpoint)."""
+        return self.node.ip if self.node is not None and self.node.ip else "127.0.0.1"
+
+    @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
+        return f"https://{self.address}:{self.port}"
 
     @property
     def ca_file(self) -> Path:
@@ -149,6 +155,10 @@ class Cluster:
         env = dict(os.environ)
         env["KUBECONFIG"] = str(kubeconfig or self.kubeconfig)
         env["PATH"] = f"{self.binaries}{os.pathsep}{env.get('PATH', '')}"
+        if self.node is not None:  # Go proxies all but loopback: keep the bridge address local
+            env["NO_PROXY"] = env["no_proxy"] = ",".join(
+                filter(None, [env.get("NO_PROXY") or env.get("no_proxy"), self.address])
+            )
         env["HELM_CACHE_HOME"] = str(self.workdir / "helm" / "cache")
         env["HELM_CONFIG_HOME"] = str(self.workdir / "helm" / "config")
         env["HELM_DATA_HOME"] = str(self.workdir / "helm" / "data")
@@ -162,18 +172,20 @@ class Cluster:
                 f"missing {', '.join(missing)} in {self.binaries}: run `make tools`"
             )
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port = self.port or free_port()
-        make_pki(self.workdir / "pki")
         if self.real_node:
             from realnode import RealNode  # imports this module: only when asked for
 
             self.node = RealNode(self.workdir / "node", self.binaries, self.workdir / "logs")
-        tokens = f'{self.token},boomerang-admin,boomerang-admin,"system:masters"\n'
-        (self.workdir / "tokens.csv").write_text(
-            tokens + (self.node.token_lines() if self.node else "")
-        )
-        write_kubeconfig(self.kubeconfig, self.server, self.ca_file, self.token, "admin")
         try:
+            if self.node is not None:
+                self.node.prepare()  # its bridge first: the API server serves on its address
+            self.port = self.port or free_port(self.address)
+            make_pki(self.workdir / "pki", [self.address])
+            tokens = f'{self.token},boomerang-admin,boomerang-admin,"system:masters"\n'
+            (self.workdir / "tokens.csv").write_text(
+                tokens + (self.node.token_lines() if self.node else "")
+            )
+            write_kubeconfig(self.kubeconfig, self.server, self.ca_file, self.token, "admin")
             self._start_etcd()
             self._start_apiserver()
             self._start_controllers()
@@ -209,7 +221,8 @@ class Cluster:
     def restart_apiserver(self) -> None:
         """Stop the apiserver, wait for its port to free, start it again on the same port."""
         self.procs.pop("kube-apiserver").stop()
-        wait_until("the apiserver port to free", lambda: port_free(self.port), timeout=60)
+        wait_until("the apiserver port to free", lambda: port_free(self.port, self.address),
+                   timeout=60)  # fmt: skip
         self._start_apiserver()
 
     # Components ------------------------------------------------------------------------------
@@ -251,8 +264,8 @@ class Cluster:
             "kube-apiserver",
             [
                 f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={self.address}",
+                f"--advertise-address={self.address}",
                 f"--secure-port={self.port}",
                 f"--cert-dir={pki}",
                 f"--tls-cert-file={pki / 'apiserver.crt'}",
@@ -265,8 +278,9 @@ class Cluster:
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--allow-privileged=true",
-                # The `kubernetes` Service cannot point at loopback; nothing here needs it.
-                "--endpoint-reconciler-type=none",
+                # The `kubernetes` Service cannot point at loopback: only a real node's pods
+                # need it, and they reach the API server on the bridge address (its endpoint).
+                f"--endpoint-reconciler-type={'lease' if self.node else 'none'}",
                 "--enable-priority-and-fairness=false",
                 f"--audit-policy-file={write_policy(self.workdir / 'audit-policy.json')}",
                 f"--audit-log-path={self.audit.path}",
@@ -361,7 +375,9 @@ class Cluster:
         if content_type:
             headers["Content-Type"] = content_type
         request = urllib.request.Request(self.server + path, data, headers, method=method)
-        with urllib.request.urlopen(request, timeout=10, context=context) as resp:
+        https = urllib.request.HTTPSHandler(context=context)  # and never a proxy: all is local
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), https)
+        with opener.open(request, timeout=10) as resp:
             text = resp.read().decode()
         return json.loads(text) if text.startswith("{") else text
 

@@ -11,25 +11,26 @@ import json
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on at `host` (loopback, or the real node's bridge address)."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
-def port_free(port: int) -> bool:
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
     """Nobody listens on the port (TIME_WAIT leftovers don't count: servers reuse those)."""
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind(("127.0.0.1", port))
+            sock.bind((host, port))
         except OSError:
             return False
         return True
@@ -120,16 +121,21 @@ def _openssl(*args: str) -> None:
     subprocess.run(["openssl", *args], check=True, capture_output=True)
 
 
-def make_pki(pki: Path) -> None:
-    """A CA, an apiserver serving cert for loopback, and the ServiceAccount signing key pair."""
+def make_pki(pki: Path, ips: Sequence[str] = ()) -> None:
+    """A CA, an apiserver serving cert, and the ServiceAccount signing key pair.
+
+    The serving cert names loopback, the `kubernetes` Service's ClusterIP (what pods' in-cluster
+    config dials) and `ips` (the real node's bridge address, where the API server then serves).
+    """
     if (pki / "sa.pub").exists():
         return
     pki.mkdir(parents=True, exist_ok=True)
     ca_key, ca_crt = str(pki / "ca.key"), str(pki / "ca.crt")
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca_key, "-out", ca_crt,
              "-days", "3650", "-subj", "/CN=boomerang-e2e-ca")  # fmt: skip
+    addresses = ",".join(f"IP:{ip}" for ip in dict.fromkeys(["127.0.0.1", "10.96.0.1", *ips]))
     (pki / "san.ext").write_text(
-        "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,"
+        f"subjectAltName={addresses},DNS:localhost,DNS:kubernetes,"
         "DNS:kubernetes.default,DNS:kubernetes.default.svc,"
         "DNS:kubernetes.default.svc.cluster.local\n"
         "extendedKeyUsage=serverAuth\n"

@@ -6,8 +6,12 @@ sandbox (pause) image and the test pods' image are built locally as one OCI imag
 its applets linked under the usual paths; they differ only in their default command (the pause
 image sleeps for ever, as PID 1 of each pod sandbox).
 
-The archive is cached under `$BOOMERANG_CACHE/node-images/`, named by a hash of its inputs (the
-busybox binary and this builder's format version), and is byte-for-byte reproducible: fixed
+A second archive, built only when a test asks for it (`build_kubectl`), holds a kubectl image:
+the busybox layer plus one with the harness's static kubectl, so a pod can call the API server
+with in-cluster config (its ServiceAccount token and CA) without any client library.
+
+Archives are cached under `$BOOMERANG_CACHE/node-images/`, named by a hash of their inputs (the
+binaries and this builder's format version), and are byte-for-byte reproducible: fixed
 mtimes and owners, sorted entries. Standard library only.
 """
 
@@ -106,13 +110,15 @@ def _blob(blobs: dict[str, bytes], data: bytes, media_type: str) -> dict[str, An
     return {"mediaType": media_type, "digest": digest, "size": len(data)}
 
 
-def _image(blobs: dict[str, bytes], layer: dict[str, Any], cmd: list[str], name: str) -> Any:
+def _image(blobs: dict[str, bytes], layer: dict[str, Any], cmd: list[str], name: str,
+           more: tuple[dict[str, Any], ...] = (), env: tuple[str, ...] = ()) -> Any:  # fmt: skip
     arch = go_arch()
+    layers = [layer, *more]
     config = {
         "architecture": arch,
         "os": "linux",
-        "config": {"Env": [PATH_ENV], "Cmd": cmd, "WorkingDir": "/"},
-        "rootfs": {"type": "layers", "diff_ids": [layer["digest"]]},
+        "config": {"Env": [PATH_ENV, *env], "Cmd": cmd, "WorkingDir": "/"},
+        "rootfs": {"type": "layers", "diff_ids": [x["digest"] for x in layers]},
         "history": [{"created_by": "e2e/node_images.py from Debian busybox-static"}],
     }
     config_desc = _blob(
@@ -124,7 +130,7 @@ def _image(blobs: dict[str, bytes], layer: dict[str, Any], cmd: list[str], name:
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.manifest.v1+json",
         "config": config_desc,
-        "layers": [layer],
+        "layers": layers,
     }
     desc = _blob(
         blobs,
@@ -144,13 +150,17 @@ def _applets(busybox: Path) -> list[str]:
     return [line.strip() for line in out.stdout.splitlines() if line.strip()]
 
 
-def build(busybox: Path = BUSYBOX, directory: Path | None = None) -> NodeImages:
-    """The OCI archive with both images: from the cache, or built (atomically) into it."""
+def _busybox(busybox: Path) -> bytes:
     if not is_static_elf(busybox):
         raise FileNotFoundError(
             f"{busybox} is not a static busybox (apt-get install busybox-static)"
         )
-    binary = busybox.read_bytes()
+    return busybox.read_bytes()
+
+
+def build(busybox: Path = BUSYBOX, directory: Path | None = None) -> NodeImages:
+    """The OCI archive with both images: from the cache, or built (atomically) into it."""
+    binary = _busybox(busybox)
     key = hashlib.sha256(FORMAT.encode() + binary).hexdigest()[:12]
     directory = directory or cache_dir()
     archive = directory / f"busybox-{key}.oci.tar"
@@ -161,15 +171,56 @@ def build(busybox: Path = BUSYBOX, directory: Path | None = None) -> NodeImages:
     layer = _blob(
         blobs, _layer(binary, _applets(busybox)), "application/vnd.oci.image.layer.v1.tar"
     )
+    manifests = [
+        _image(blobs, layer, ["sh"], images.busybox),
+        _image(blobs, layer, PAUSE_CMD, images.pause),
+    ]
+    _write_archive(archive, blobs, manifests)
+    return images
+
+
+@dataclass(frozen=True)
+class KubectlImage:
+    archive: Path
+    name: str  # busybox plus /usr/local/bin/kubectl; default command `kubectl version`
+
+
+def build_kubectl(
+    kubectl: Path, busybox: Path = BUSYBOX, directory: Path | None = None
+) -> KubectlImage:
+    """An archive with busybox and the harness's kubectl, which must be static (CGO off): the
+    image has no libc. Cached by both binaries, like `build`."""
+    if not is_static_elf(kubectl):
+        raise FileNotFoundError(f"{kubectl} is not a static executable (build.sh: CGO_ENABLED=0)")
+    base, binary = _busybox(busybox), kubectl.read_bytes()
+    key = hashlib.sha256(FORMAT.encode() + base + b"\0kubectl\0" + binary).hexdigest()[:12]
+    archive = (directory or cache_dir()) / f"kubectl-{key}.oci.tar"
+    image = KubectlImage(archive, f"{REGISTRY}/kubectl:{key}")
+    if archive.exists():
+        return image
+    blobs: dict[str, bytes] = {}
+    media = "application/vnd.oci.image.layer.v1.tar"
+    layer = _blob(blobs, _layer(base, _applets(busybox)), media)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for d in ("usr/", "usr/local/", "usr/local/bin/"):
+            _tar_add(tar, d, tarfile.DIRTYPE, 0o755)
+        _tar_add(tar, "usr/local/bin/kubectl", tarfile.REGTYPE, 0o755, binary)
+    top = _blob(blobs, buf.getvalue(), media)
+    # HOME: kubectl keeps its discovery cache under $HOME/.kube.
+    manifest = _image(blobs, layer, ["kubectl", "version"], image.name, (top,), ("HOME=/root",))
+    _write_archive(archive, blobs, [manifest])
+    return image
+
+
+def _write_archive(archive: Path, blobs: dict[str, bytes], manifests: list[Any]) -> None:
+    """An OCI image layout as one tar, written under a temporary name and renamed."""
     index = {
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": [
-            _image(blobs, layer, ["sh"], images.busybox),
-            _image(blobs, layer, PAUSE_CMD, images.pause),
-        ],
+        "manifests": manifests,
     }
-    directory.mkdir(parents=True, exist_ok=True)
+    archive.parent.mkdir(parents=True, exist_ok=True)
     tmp = archive.with_suffix(f".tmp{os.getpid()}")
     with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
         _tar_add(tar, "oci-layout", tarfile.REGTYPE, 0o644, b'{"imageLayoutVersion":"1.0.0"}')
@@ -181,7 +232,6 @@ def build(busybox: Path = BUSYBOX, directory: Path | None = None) -> NodeImages:
         for digest, data in sorted(blobs.items()):
             _tar_add(tar, "blobs/sha256/" + digest.split(":", 1)[1], tarfile.REGTYPE, 0o644, data)
     tmp.rename(archive)
-    return images
 
 
 if __name__ == "__main__":

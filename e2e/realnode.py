@@ -61,8 +61,9 @@ def missing_prerequisites(binaries: Path) -> list[str]:
 
 @dataclass
 class RealNode:
-    """The node's daemons and host state. `Cluster` takes its tokens and API server flags
-    before the API server starts, starts it after the fake nodes, and stops it first."""
+    """The node's daemons and host state. `Cluster` prepares it (lock, bridge) and takes its
+    tokens and API server flags before the API server starts, starts its daemons after the fake
+    nodes, and stops it first."""
 
     workdir: Path
     binaries: Path
@@ -74,7 +75,7 @@ class RealNode:
     state: node_host.HostState | None = None
     images: node_images.NodeImages | None = None
     procs: dict[str, _Proc] = field(default_factory=dict)
-    timings: dict[str, float] = field(default_factory=dict)  # seconds from start() to each step
+    timings: dict[str, float] = field(default_factory=dict)  # s from prepare()/start() to steps
     kubelet_port: int = 0
     healthz_port: int = 0
     proxy_port: int = 0
@@ -138,7 +139,9 @@ class RealNode:
         ]
 
     # Lifecycle -------------------------------------------------------------------------------
-    def start(self, cluster: Cluster) -> None:
+    def prepare(self) -> None:
+        """Before the API server starts: the lock, and the host made ready (the bridge among
+        it), so that the API server can serve on the bridge address, which pods reach."""
         missing = missing_prerequisites(self.binaries)
         if missing:
             raise FileNotFoundError(f"real node: missing {', '.join(missing)}: {INSTALL_HINT}")
@@ -148,12 +151,23 @@ class RealNode:
         try:
             self._recover()
             self._prepare_host()
+            self._step("host", began)
+        except BaseException:
+            self.stop()
+            raise
+
+    def start(self, cluster: Cluster) -> None:
+        """After the control plane: containerd, the images, the kubelet, kube-proxy."""
+        if self.state is None:
+            self.prepare()
+        began = time.monotonic()
+        try:
             self.images = node_images.build()
             self._write_configs(cluster)
-            self._step("host", began)
+            self._step("configs", began)
             self._start_containerd()
             self._step("containerd", began)
-            self._ctr("images", "import", str(self.images.archive))
+            self.import_images(self.images.archive)
             self._step("images", began)
             self._start_kubelet(cluster)
             self._step("kubelet Ready", began)
@@ -325,6 +339,10 @@ class RealNode:
                 return bool(resp.status == 200)
 
         wait_until("kube-proxy /healthz", healthy, timeout=120, interval=0.5)
+
+    def import_images(self, archive: Path) -> None:
+        """Load an OCI archive (`node_images.py`) into containerd; pods then run its images."""
+        self._ctr("images", "import", str(archive))
 
     def _kill_tasks(self) -> None:
         """Containers left after the kubelet stopped: killed through containerd."""

@@ -1,6 +1,7 @@
 """Pods really run on the real node: it registers Ready beside kwok's fake node, a pod's logs
 come back through the API server, pods reach each other over the bridge, a ClusterIP Service
-reaches a pod through kube-proxy from a pod and from the host, and stopping leaves the host as
+reaches a pod through kube-proxy from a pod and from the host, a pod calls the API server with
+in-cluster config (as the operator and router will) under RBAC, and stopping leaves the host as
 it was.
 
 Needs root, Debian's containerd/runc/CNI plugins/iptables/busybox-static
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import node_host
+import node_images
 import pytest
 from cluster import K8S_VERSION, SERVICE_CIDR, Cluster, bin_dir, missing_binaries
 from kube import condition, is_true, wait_until
@@ -239,6 +241,89 @@ def test_cluster_ip_service_reaches_the_pod_from_a_pod_and_from_the_host(
     )
     env = exec_in(real_cluster, ns, "client", "env")
     assert f"WEB_SERVICE_HOST={cluster_ip}" in env  # no DNS here: Services by env or IP
+
+
+@pytest.fixture(scope="module")
+def kubectl_image(node: RealNode) -> str:
+    """busybox + the harness's kubectl, built (cached) and imported only for the tests below."""
+    image = node_images.build_kubectl(bin_dir() / "kubectl")
+    node.import_images(image.archive)
+    return image.name
+
+
+def finished_pod(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        pod = cluster.get_json("pod", name, "-n", ns)
+        return pod if pod["status"].get("phase") in ("Succeeded", "Failed") else None
+
+    return wait_until(f"pod {ns}/{name} to finish", done, timeout=WAIT, interval=0.5)
+
+
+def test_kubernetes_service_leads_to_the_api_server_on_the_bridge(
+    real_cluster: Cluster, node: RealNode, ns: str
+) -> None:
+    assert real_cluster.server == f"https://{node.ip}:{real_cluster.port}"
+    default = real_cluster.get_json("endpointslice", "kubernetes", "-n", "default")
+    assert [a for e in default["endpoints"] for a in e["addresses"]] == [node.ip]
+    assert [p["port"] for p in default["ports"]] == [real_cluster.port]
+    # The controller-manager publishes the cluster CA into each namespace.
+    get = real_cluster.get_json
+    ca = wait_until("kube-root-ca.crt", lambda: get("configmap", "kube-root-ca.crt", "-n", ns))
+    assert ca["data"]["ca.crt"].strip() == real_cluster.ca_file.read_text().strip()
+
+
+def test_pod_calls_the_api_server_with_in_cluster_config_under_rbac(
+    real_cluster: Cluster, node: RealNode, ns: str, kubectl_image: str
+) -> None:
+    rule = {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+            "verbs": ["get", "list"]}  # fmt: skip
+    rbac = "rbac.authorization.k8s.io/v1"
+    objects: list[Any] = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "reader"}},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "nobody"}},
+        {"apiVersion": rbac, "kind": "Role", "metadata": {"name": "slices"}, "rules": [rule]},
+        {"apiVersion": rbac, "kind": "RoleBinding", "metadata": {"name": "reader-slices"},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "slices"},
+         "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": ns}]},
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "probe"},
+         "spec": {"selector": {"app": "probe"}, "ports": [{"port": 80}]}},
+    ]  # fmt: skip
+    real_cluster.apply_objects(objects, namespace=ns)
+    selector = "kubernetes.io/service-name=probe"
+    args = ("get", "endpointslices", "-n", ns, "-l", selector, "-o", "name")
+    slice_name = wait_until(
+        "the probe Service's EndpointSlice", lambda: real_cluster.kubectl(*args).stdout.strip()
+    )
+    # No kubeconfig in the pod: kubectl falls back to in-cluster config (the projected token,
+    # the mounted CA, KUBERNETES_SERVICE_HOST/PORT), verifying the API server's certificate.
+    script = (
+        "echo api=$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT; "
+        "kubectl auth whoami -o jsonpath='{.status.userInfo.username}{\"\\n\"}' && "
+        f"exec kubectl -v=6 get endpointslices -l {selector} -o name"
+    )
+    for name in ("reader", "nobody"):
+        pod = busybox_pod(node, f"kubectl-{name}", script)
+        pod["spec"].update(serviceAccountName=name, restartPolicy="Never")
+        pod["spec"]["containers"][0]["image"] = kubectl_image
+        real_cluster.apply_objects([pod], namespace=ns)
+    allowed = finished_pod(real_cluster, ns, "kubectl-reader")
+    logs = real_cluster.kubectl("logs", "-n", ns, "kubectl-reader").stdout
+    assert allowed["status"]["phase"] == "Succeeded", logs
+    assert "api=10.96.0.1:443" in logs
+    assert f"system:serviceaccount:{ns}:reader\n" in logs
+    url = f"https://10.96.0.1:443/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices"
+    assert url in logs and "200 OK" in logs, logs
+    assert slice_name in logs.splitlines(), logs
+    volumes = [v for v in allowed["spec"]["volumes"] if "projected" in v]
+    sources = [k for v in volumes for s in v["projected"]["sources"] for k in s]
+    assert "serviceAccountToken" in sources and "configMap" in sources, volumes
+    # Same pod, same token path, no RoleBinding: authenticated, and refused by RBAC.
+    denied = finished_pod(real_cluster, ns, "kubectl-nobody")
+    logs = real_cluster.kubectl("logs", "-n", ns, "kubectl-nobody").stdout
+    assert denied["status"]["phase"] == "Failed", logs
+    assert f"system:serviceaccount:{ns}:nobody\n" in logs
+    assert "403 Forbidden" in logs and "Error from server (Forbidden)" in logs, logs
+    assert 'cannot list resource "endpointslices" in API group "discovery.k8s.io"' in logs
 
 
 def test_stop_leaves_the_host_as_it_was(real_cluster: Cluster, node: RealNode) -> None:
