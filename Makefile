@@ -15,7 +15,7 @@ VENV := $(BOOMERANG_CACHE)/venv-dev-$(DEV_HASH)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: print-venv dev engine tools redis lua node install-yaml check lint types test unit demo cluster cluster-node crds
+.PHONY: print-venv dev engine tools redis lua node images install-yaml check lint types test unit demo cluster cluster-node crds
 
 # The cached venv installs this checkout in editable mode; `.done` records which checkout, so a
 # fresh clone (CI) re-points it at its own files before testing them.
@@ -39,6 +39,12 @@ tools:
 
 redis:
 	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
+
+# The operator, router and connector images, built with buildah from their own Dockerfiles on
+# bases made here from Debian's packages and PyPI (no image registry needed), cached under
+# $(BOOMERANG_CACHE)/images (see e2e/images/README.md).
+images:
+	bash e2e/images/build.sh
 
 # The real node's Debian packages (containerd, runc, CNI plugins, iptables, busybox-static);
 # its kubelet and kube-proxy come from `make tools`.

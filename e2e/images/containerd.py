@@ -1,0 +1,74 @@
+"""Imports the images that build.py archived into a containerd, where a real kubelet finds them.
+
+Why it exists: the real-node tests run their own containerd (own socket, no registry), so the
+images reach it as archives: `ctr -n k8s.io images import`, the namespace the kubelet's CRI
+uses, unpacked for its snapshotter, so that pods with `imagePullPolicy: Never` or
+`IfNotPresent` start without a pull. Each image is also tagged with its public name
+(docker.io/boomerang/<name>:<version>, which the chart's and the CRD's defaults name), so
+manifests that keep those defaults run the local build.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Protocol
+
+
+class Archived(Protocol):
+    """What build.Built offers: a local tag and the docker-archive that carries it."""
+
+    ref: str
+    archive: Path | None
+
+
+def public_name(ref: str) -> str:
+    """localhost/boomerang/router:0.1.0 -> docker.io/boomerang/router:0.1.0"""
+    return "docker.io/" + ref.removeprefix("localhost/")
+
+
+def import_images(
+    images: Iterable[Archived],
+    address: str | os.PathLike[str],
+    namespace: str = "k8s.io",
+    snapshotter: str | None = None,
+    public_names: bool = True,
+    ctr: str | None = None,
+    timeout_s: float = 1200.0,
+) -> list[str]:
+    """Imports each image's archive through the containerd at `address` into `namespace`;
+    returns the names it now has there. `snapshotter` must match the CRI plugin's (containerd's
+    default, overlayfs, when None)."""
+    binary = ctr or shutil.which("ctr")
+    if binary is None:
+        raise FileNotFoundError("ctr not found (Debian: apt-get install containerd)")
+    base = [binary, "--address", str(address), "--namespace", namespace]
+    names: list[str] = []
+    for image in images:
+        if image.archive is None:
+            raise ValueError(f"{image.ref} has no archive to import")
+        cmd = [*base, "images", "import"]
+        if snapshotter:
+            cmd += ["--snapshotter", snapshotter]
+        subprocess.run([*cmd, str(image.archive)], check=True, timeout=timeout_s)
+        names.append(image.ref)
+        if public_names:
+            alias = public_name(image.ref)
+            subprocess.run([*base, "images", "tag", "--force", image.ref, alias], check=True)
+            names.append(alias)
+    return names
+
+
+def listed(address: str | os.PathLike[str], namespace: str = "k8s.io") -> list[str]:
+    """The image names that containerd holds in `namespace`."""
+    binary = shutil.which("ctr") or "ctr"
+    out = subprocess.run(
+        [binary, "--address", str(address), "--namespace", namespace, "images", "ls", "-q"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return out.stdout.split()
