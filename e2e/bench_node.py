@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from cluster import Cluster, bin_dir, missing_binaries
 from kube import is_true, wait_until
-from realnode import LABEL, RealNode, missing_prerequisites
+from realnode import RealNode, busybox_pod, missing_prerequisites
 
 TICK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -107,23 +107,7 @@ def main() -> int:
         steps = " | ".join(f"{k} {v:.2f} s" for k, v in node.timings.items())
         print(f"control plane + real node up in {total:.1f} s; real node: {steps}\n")
         idle = measure(node, args.seconds)
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "idle", "namespace": "default"},
-            "spec": {
-                "nodeSelector": {LABEL: "true"},
-                "terminationGracePeriodSeconds": 1,
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": node.busybox_image,
-                        "imagePullPolicy": "Never",
-                        "command": ["sleep", "2147483647"],
-                    }
-                ],
-            },
-        }
+        pod = busybox_pod(node, "idle", "exec sleep 2147483647")
         applied = time.monotonic()
         cluster.apply_objects([pod])
         wait_until(

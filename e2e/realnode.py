@@ -26,7 +26,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import node_config
 import node_host
@@ -354,3 +354,27 @@ class RealNode:
 
     def _step(self, name: str, began: float) -> None:
         self.timings[name] = round(time.monotonic() - began, 2)
+
+
+def busybox_pod(
+    node: RealNode, name: str, script: str, labels: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """A pod on the real node running `script` under the local busybox image (tests, bench)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": {
+            "nodeSelector": {LABEL: "true"},
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": node.busybox_image,
+                    "imagePullPolicy": "Never",  # built here; there is no registry to pull from
+                    "command": ["sh", "-c", script],
+                    "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
+                }
+            ],
+        },
+    }

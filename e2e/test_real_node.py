@@ -27,7 +27,7 @@ import node_images
 import pytest
 from cluster import K8S_VERSION, SERVICE_CIDR, Cluster, bin_dir, missing_binaries
 from kube import condition, is_true, wait_until
-from realnode import INSTALL_HINT, LABEL, NODE_NAME, RealNode, missing_prerequisites
+from realnode import INSTALL_HINT, LABEL, NODE_NAME, RealNode, busybox_pod, missing_prerequisites
 
 # `cluster` too: whatever leaves out the control-plane tests (`make unit`) leaves these out.
 pytestmark = [pytest.mark.cluster, pytest.mark.node]
@@ -83,29 +83,6 @@ def ns(real_cluster: Cluster) -> str:
     name = f"real-node-{secrets.token_hex(3)}"
     real_cluster.kubectl("create", "namespace", name)
     return name
-
-
-def busybox_pod(
-    node: RealNode, name: str, script: str, labels: dict[str, str] | None = None
-) -> Any:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": labels or {}},
-        "spec": {
-            "nodeSelector": {LABEL: "true"},
-            "terminationGracePeriodSeconds": 1,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": node.busybox_image,
-                    "imagePullPolicy": "Never",  # built here; there is no registry to pull from
-                    "command": ["sh", "-c", script],
-                    "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
-                }
-            ],
-        },
-    }
 
 
 def running_pod(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
