@@ -326,8 +326,7 @@ def start_routers(
     """One router per entry (name -> config overrides), timeouts sized by this machine."""
     for i, (mode, overrides) in enumerate(routers.items()):
         port = PORTS.router + i
-        cfg = local.router_settings(dd, PORTS, listen_port=port, **overrides)
-        cfg["timeouts"] = {**cfg.get("timeouts", {}), **timeouts}
+        cfg = local.router_settings(dd, PORTS, listen_port=port, timeouts=timeouts, **overrides)
         cfg_file = run_dir / f"{mode}.yaml"
         cfg_file.write_text(yaml.safe_dump(cfg))
         spec = local.router_spec(mode, cfg_file, port, run_dir, dict(os.environ))

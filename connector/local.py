@@ -109,8 +109,10 @@ def engine_spec(
 
 
 def router_settings(dd: Any, ports: LocalPorts, **overrides: Any) -> dict[str, Any]:
-    """The router's configuration (as its YAML file holds it), pointed at the local engines."""
+    """The router's configuration (as its YAML file holds it), pointed at the local engines;
+    `overrides` merge into it (a nested mapping such as `timeouts` keeps its other keys)."""
     from boomerang.operator import render
+    from boomerang.operator.merge import deep_merge
     from boomerang.router.config import EndpointSource
 
     cfg = render.router_config(
@@ -124,8 +126,7 @@ def router_settings(dd: Any, ports: LocalPorts, **overrides: Any) -> dict[str, A
         "redis://from-env"
     ):
         raise ValueError("the local runtime needs spec.router.store.url for a redis store")
-    data.update(overrides)
-    return data
+    return deep_merge(data, overrides)
 
 
 def router_spec(
@@ -206,11 +207,7 @@ def up(manifest: Path, ports: LocalPorts | None = None, log: Any = print) -> str
         # Engines first (they start together), the router once they answer: it would otherwise
         # eject them as unhealthy while they load.
         _start(specs[:2], state, rdir, log)
-        settings = router_settings(dd, ports)
-        settings["timeouts"] = {
-            **settings.get("timeouts", {}),
-            **calibrated_timeouts(dd, ports, log),
-        }
+        settings = router_settings(dd, ports, timeouts=calibrated_timeouts(dd, ports, log))
         config_file.write_text(yaml.safe_dump(settings, sort_keys=True))
         _start(specs[2:], state, rdir, log)
     except BaseException:
