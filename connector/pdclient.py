@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +52,22 @@ def post(url: str, body: dict[str, Any], timeout: float = 300.0) -> dict[str, An
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         data: dict[str, Any] = json.loads(resp.read())
     return data
+
+
+def get_json(url: str, timeout: float = 10.0) -> dict[str, Any]:
+    """A JSON body, whatever the status (a 503 from /ready carries one too); {} when none."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            raw = resp.read()
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+    except (urllib.error.URLError, OSError):
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def stream_events(url: str, body: dict[str, Any], timeout: float = 300.0) -> Any:

@@ -20,7 +20,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from boomerang.router import auth, logs
+from boomerang.router import auth, degraded, logs
 from boomerang.router.admission import InflightLimit, Overloaded
 from boomerang.router.config import EndpointSource, RouterConfig
 from boomerang.router.decode import ClientGone
@@ -254,8 +254,9 @@ async def _health(request: web.Request) -> web.StreamResponse:
 async def _ready(request: web.Request) -> web.StreamResponse:
     router = request.app[ROUTER]
     p, d = router.prefill.ready_count(), router.decode.ready_count()
-    status = 200 if p and d else 503
-    return web.json_response({"ready": status == 200, "prefill": p, "decode": d}, status=status)
+    ready = degraded.serving(p, d, fallback=router.config.single_engine_fallback)
+    body = {"ready": ready, "prefill": p, "decode": d, "alone": ready and not (p and d)}
+    return web.json_response(body, status=200 if ready else 503)
 
 
 async def _metrics(request: web.Request) -> web.StreamResponse:

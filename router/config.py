@@ -199,6 +199,13 @@ class RouterConfig(_Model):
         description="Keep a conversation on its D unless it has this many more in-flight requests "
         "than the least loaded D.",
     )
+    single_engine_fallback: bool = Field(
+        default=True,
+        description="When one role has no engine for a turn (none listed, all ejected, or "
+        "every one tried failed), serve it as a plain request on one engine of the other role, "
+        "without KV reuse (a one-replica role's pod restarting); false: fail the turn (503, or "
+        "502/504 after failures).",
+    )
     verify_reuse: Literal["tokens"] = Field(
         default="tokens",
         description="How reuse is verified: token ids of D's retained prefix vs the new prompt.",
@@ -282,6 +289,7 @@ _ENV_SCALARS: dict[str, tuple[str, ...]] = {
     "BOOMERANG_ROUTER_HANDLE_TTL_S": ("handle_ttl_s",),
     "BOOMERANG_ROUTER_RECOMPUTE_THRESHOLD": ("recompute_threshold",),
     "BOOMERANG_ROUTER_PARTIAL_REUSE": ("partial_reuse",),
+    "BOOMERANG_ROUTER_SINGLE_ENGINE_FALLBACK": ("single_engine_fallback",),
     "BOOMERANG_ROUTER_LOG_LEVEL": ("log_level",),
     "BOOMERANG_REDIS_URL": ("store", "url"),
     "BOOMERANG_API_KEYS_FILE": ("api_keys_file",),

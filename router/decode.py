@@ -1,5 +1,5 @@
 """Calling D and answering the client: plain JSON, a buffered response re-emitted as SSE, or a
-passed-through stream.
+passed-through stream (also for one engine serving a turn alone, when a role has none).
 
 Whatever the mode, the router collects from D's answer what the next turn needs (D's retained
 params, D's prompt and output token ids, the assistant reply as the client will echo it) and
@@ -20,8 +20,10 @@ import orjson
 from aiohttp import web
 
 from boomerang.router import protocol, sse
-from boomerang.router.engine_http import HttpError, StreamedResponse
-from boomerang.router.upstream import UpstreamError
+from boomerang.router.config import Timeouts
+from boomerang.router.engine_http import EngineClient, HttpError, StreamedResponse
+from boomerang.router.upstream import UpstreamError, open_stream, post_json, timeout
+from boomerang.router.validation import ClientRequest
 
 SSE_HEADERS = {
     "Content-Type": "text/event-stream",
@@ -64,6 +66,39 @@ def result_from_response(payload: dict[str, Any]) -> DecodeResult:
         if isinstance(message, dict):
             result.reply = message
         result.finished = choices[0].get("finish_reason") is not None
+    return result
+
+
+async def call_and_answer(
+    request: web.Request,
+    engines: EngineClient,
+    call: tuple[str, dict[str, Any], str],
+    req: ClientRequest,
+    mode: str,
+    t: Timeouts,
+    on_first: Callable[[], None],
+) -> DecodeResult:
+    """POST `call` (url, body, request id) to an engine and answer the client in `mode`
+    (json, buffer, stream); raises UpstreamError while the client has not got a byte."""
+    url, body, request_id = call
+    limit = timeout(t.decode_total_s, t.connect_s)
+    if mode == "stream":
+        resp = await open_stream(engines, url, body, limit, t.decode_first_byte_s, request_id)
+        relay = StreamRelay(req.wants_token_ids, on_first)
+        try:
+            return await relay.run(request, resp, t.decode_first_byte_s)
+        except (ClientGone, asyncio.CancelledError):
+            resp.close()  # aborts the upstream request: vLLM stops generating
+            raise
+        finally:
+            resp.release()
+    data = await post_json(engines, url, body, limit, request_id)
+    result = result_from_response(data)
+    keep = req.wants_token_ids
+    if mode == "buffer":
+        result.response = await answer_buffered(request, data, keep, req.include_usage, on_first)
+    else:
+        result.response = await answer_json(request, data, keep, on_first)
     return result
 
 

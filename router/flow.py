@@ -14,11 +14,14 @@ The order of events is what keeps reuse correct:
    saw them, otherwise the turn is prefilled again (without a handle) for the new D.
 5. File D's retained params with the hashes of D's tokens (whole and per block, at the block
    size D reported) under the conversation's key.
+
+When a role has no engine (at the start, or once every one failed for the turn) the turn is
+served by one engine of the other role as a plain request (`degraded.py`): a taken handle goes
+back to the store unused and nothing is filed.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -27,18 +30,11 @@ from typing import Any
 from aiohttp import web
 
 from boomerang.router import conversation as conv
-from boomerang.router import protocol
+from boomerang.router import degraded, protocol
 from boomerang.router.capabilities import decode_mode, observe_stream
 from boomerang.router.config import RouterConfig
-from boomerang.router.decode import (
-    ClientGone,
-    DecodeResult,
-    StreamRelay,
-    answer_buffered,
-    answer_json,
-    result_from_response,
-)
-from boomerang.router.endpoints import Endpoint, Pool, Strategy
+from boomerang.router.decode import DecodeResult, call_and_answer
+from boomerang.router.endpoints import Endpoint, Pool, Role, Strategy
 from boomerang.router.engine_http import EngineClient
 from boomerang.router.errors import ApiError
 from boomerang.router.metrics import Metrics
@@ -46,9 +42,9 @@ from boomerang.router.reuse import decide
 from boomerang.router.store import ConversationStore
 from boomerang.router.turn import ATTACHED, Turn
 from boomerang.router.upstream import (
+    Unavailable,
     UpstreamError,
     client_error,
-    open_stream,
     post_json,
     timeout,
     unavailable,
@@ -75,15 +71,35 @@ class Router:
         """Serve one chat or completion request; returns the response already sent."""
         turn = Turn(req, tenant)
         try:
-            turn.p_ep = self._pick_prefill(set())
-            await self._claim(turn)
-            p_params, turn.p_ep = await self._prefill(turn, turn.p_ep)
-            return await self._decode(request, turn, p_params, turn.p_ep)
+            return await self._serve(request, turn)
         finally:
             await self._return_unused(turn)
             self._count(turn)
             if log.isEnabledFor(logging.INFO):
                 log.info("Served turn", extra=turn.summary())
+
+    async def _serve(self, request: web.Request, turn: Turn) -> web.StreamResponse:
+        """P then D; one engine alone when a role has no engine (see `degraded.py`)."""
+        fallback = self.config.single_engine_fallback
+        p, d = degraded.supply(self.prefill), degraded.supply(self.decode)
+        path = degraded.route(p, d, fallback=fallback)
+        if path is None:
+            raise ApiError(503, degraded.no_engine_message(p, d), type_="service_unavailable")
+        if path == "prefill" or path == "decode":
+            await self._claim(turn, verify=False)  # only to hand it back: no P will see it
+            why = degraded.reason(degraded.other_role(path), d if path == "prefill" else p)
+            return await self._alone(request, turn, path, why)
+        try:
+            turn.p_ep = self._pick_prefill(set())
+            await self._claim(turn)
+            p_params, turn.p_ep = await self._prefill(turn, turn.p_ep)
+            return await self._decode(request, turn, p_params, turn.p_ep)
+        except Unavailable as exc:  # every engine of a role failed for this turn
+            other = self.decode if exc.role == "prefill" else self.prefill
+            alone = degraded.after_failure(exc.role, degraded.supply(other), fallback=fallback)
+            if alone is None:
+                raise
+            return await self._alone(request, turn, alone, exc.message)
 
     def _count(self, turn: Turn) -> None:
         m = self.metrics
@@ -95,8 +111,9 @@ class Router:
 
     # -- reuse ------------------------------------------------------------------------------
 
-    async def _claim(self, turn: Turn) -> None:
-        """Take the conversation's handle and attach it if it verifies."""
+    async def _claim(self, turn: Turn, *, verify: bool = True) -> None:
+        """Take the conversation's handle and attach it if it verifies (`verify`: false for a
+        turn no P will serve: the handle is only held, and goes back to the store)."""
         if not (self.config.bidirectional and turn.req.single_choice):
             return
         turn.lookup_key = turn.find_key(self.config.fingerprint_conversations)
@@ -120,7 +137,10 @@ class Router:
             turn.outcome = "fallback"
             return
         turn.taken = handle
-        await self._verify(turn, handle)
+        if verify:
+            await self._verify(turn, handle)
+        else:
+            turn.outcome = "fallback"
 
     async def _verify(self, turn: Turn, handle: conv.Handle) -> None:
         ids = protocol.known_prompt_ids(turn.req)
@@ -213,7 +233,9 @@ class Router:
     def _pick_prefill(self, tried: set[str]) -> Endpoint:
         candidates = self.prefill.candidates(tried)
         if not candidates:
-            raise ApiError(503, "no prefill engine is available", type_="service_unavailable")
+            raise Unavailable(
+                "prefill", 503, "no prefill engine is available", type_="service_unavailable"
+            )
         return self.strategy.prefill(candidates)
 
     def _work(self, turn: Turn) -> float:
@@ -230,7 +252,7 @@ class Router:
                 self.metrics.retries.labels("prefill").inc()
                 try:
                     p_ep = self._pick_prefill(tried)
-                except ApiError:
+                except Unavailable:
                     break
             tried.add(p_ep.url)
             try:
@@ -306,10 +328,7 @@ class Router:
         body = protocol.decode_request(turn.req.body, p_params, stream=mode == "stream")
         start = time.perf_counter()
         with self.decode.track(d_ep, 1.0):
-            if mode == "stream":
-                result = await self._decode_stream(request, turn, body, d_ep)
-            else:
-                result = await self._decode_complete(request, turn, body, d_ep, mode)
+            result = await self._answer(request, turn, d_ep, body, mode)
         self.metrics.decode_latency.observe(time.perf_counter() - start)
         self.decode.succeeded(d_ep)
         if mode == "stream" and result.finished:
@@ -320,48 +339,73 @@ class Router:
         assert response is not None
         return response
 
+    async def _answer(
+        self, request: web.Request, turn: Turn, ep: Endpoint, body: dict[str, Any], mode: str
+    ) -> DecodeResult:
+        """Call `ep` (D, or one engine alone: stage `s`) and answer the client."""
+        rid = turn.engine_request_id("s" if turn.alone else "d")
+        call = (ep.url + PATHS[turn.req.kind], body, rid)
+        t = self.config.timeouts
+        return await call_and_answer(
+            request, self.engines, call, turn.req, mode, t, lambda: self._on_first(turn)
+        )
+
     def _on_first(self, turn: Turn) -> None:
         if not turn.first_sent:
             turn.first_sent = True
             self.metrics.ttft.observe(time.perf_counter() - turn.started)
 
-    async def _decode_complete(
-        self, request: web.Request, turn: Turn, body: dict[str, Any], d_ep: Endpoint, mode: str
-    ) -> DecodeResult:
-        t = self.config.timeouts
-        url = d_ep.url + PATHS[turn.req.kind]
-        limit = timeout(t.decode_total_s, t.connect_s)
-        data = await post_json(self.engines, url, body, limit, turn.engine_request_id("d"))
-        result = result_from_response(data)
-        keep, first = turn.req.wants_token_ids, lambda: self._on_first(turn)
-        if mode == "buffer":
-            result.response = await answer_buffered(
-                request, data, keep, turn.req.include_usage, first
-            )
-        else:
-            result.response = await answer_json(request, data, keep, first)
-        return result
+    # -- one engine alone (the other role has none) -----------------------------------------
 
-    async def _decode_stream(
-        self, request: web.Request, turn: Turn, body: dict[str, Any], d_ep: Endpoint
-    ) -> DecodeResult:
-        t = self.config.timeouts
-        resp = await open_stream(
-            self.engines,
-            d_ep.url + PATHS[turn.req.kind],
-            body,
-            timeout(t.decode_total_s, t.connect_s),
-            t.decode_first_byte_s,
-            turn.engine_request_id("d"),
-        )
-        relay = StreamRelay(turn.req.wants_token_ids, lambda: self._on_first(turn))
-        try:
-            return await relay.run(request, resp, t.decode_first_byte_s)
-        except (ClientGone, asyncio.CancelledError):
-            resp.close()  # aborts the upstream request: vLLM stops generating
-            raise
-        finally:
-            resp.release()
+    async def _alone(
+        self, request: web.Request, turn: Turn, role: Role, why: str
+    ) -> web.StreamResponse:
+        """Serve the turn on one engine of `role` as a plain request: no handle attached, none
+        filed (the engine retains nothing), retried on the role's other engines like D is."""
+        self._go_alone(turn, role, why)
+        is_p = role == "prefill"
+        pool = self.prefill if is_p else self.decode
+        body, mode = protocol.plain_request(turn.req.body), "stream" if turn.req.stream else "json"
+        tried: set[str] = set()
+        last: UpstreamError | None = None
+        retries = self.config.prefill_retries if is_p else self.config.decode_retries
+        for attempt in range(1 + retries):
+            candidates = pool.candidates(tried)
+            if not candidates:
+                break
+            if is_p:
+                ep = turn.p_ep = self.strategy.prefill(candidates)
+            else:
+                ep = self.strategy.decode(candidates, turn.holder)  # its prefix cache helps
+                turn.decode_url = ep.url
+            tried.add(ep.url)
+            if attempt:
+                self.metrics.retries.labels(role).inc()
+            try:
+                with pool.track(ep, self._work(turn) if is_p else 1.0):
+                    result = await self._answer(request, turn, ep, body, mode)
+            except UpstreamError as exc:
+                last = exc
+                self._failed(pool, ep, exc)
+                if not exc.retryable:
+                    raise client_error(exc) from None
+                continue
+            pool.succeeded(ep)
+            response: web.StreamResponse | None = result.response
+            assert response is not None
+            return response
+        raise unavailable(role, last)
+
+    def _go_alone(self, turn: Turn, role: Role, why: str) -> None:
+        """Count and log the degraded turn; drop any attached handle (a taken one goes back)."""
+        gone = degraded.other_role(role)
+        self.metrics.degraded_turns.labels(gone).inc()
+        extra = {"role": role, "missing": gone, "reason": why}
+        log.warning("Serving turn on one engine", extra=extra)
+        turn.alone, turn.attached, turn.attached_params = role, None, None
+        turn.reused_tokens = 0
+        if turn.outcome in ATTACHED:
+            turn.outcome = "fallback"
 
     def _failed(self, pool: Pool, ep: Endpoint, exc: UpstreamError) -> None:
         if exc.retryable:

@@ -22,6 +22,11 @@ Hardening: a request refused at the in-flight limit (429) counts `requests_total
 overloaded}` and no reuse outcome (it never reached the flow); `inflight_requests` is the
 number being served; `api_key_reloads_total{result=ok|error}` counts re-reads of a changed API
 keys file (error: the update was unreadable or empty and the last good keys were kept).
+
+Degraded turns: `degraded_turns_total{missing=prefill|decode}` counts turns sent to one engine
+alone because the other role had none (`degraded.py`). They still count one reuse outcome:
+fallback when a usable handle was found (it goes back to the store unused), else miss,
+expired or rejected as usual; never hit or partial.
 """
 
 from __future__ import annotations
@@ -135,6 +140,13 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.degraded_turns = Counter(
+            p + "degraded_turns",
+            "Turns served by one engine alone as a plain request, by the role that had no "
+            "engine (see single_engine_fallback).",
+            ["missing"],
+            registry=r,
+        )
         for outcome in REUSE_OUTCOMES:
             self.reuse.labels(outcome)
         self.requests.labels("overloaded")
@@ -142,3 +154,5 @@ class Metrics:
             self.api_key_reloads.labels(result)
         for outcome in ("hit", "partial"):
             self.reused_tokens.labels(outcome)
+        for role in ("prefill", "decode"):
+            self.degraded_turns.labels(role)

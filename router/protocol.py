@@ -63,6 +63,12 @@ def decode_request(
     return out
 
 
+def plain_request(body: dict[str, Any]) -> dict[str, Any]:
+    """The body for one engine serving the whole turn (the other role has none): the client's
+    request as a single vLLM engine takes it; without kv_transfer_params it retains nothing."""
+    return {k: v for k, v in body.items() if k not in INTERNAL_FIELDS}
+
+
 def tokenize_request(req: ClientRequest) -> dict[str, Any] | None:
     """The `/tokenize` body that renders the prompt exactly as the completion endpoint will.
 

@@ -5,7 +5,8 @@ completions, streaming and not, `return_token_ids`, `/tokenize`, `/version`, `/h
 kv_transfer_params P and D exchange, and the rules of the NIXL connector: P holds its blocks
 for D under a lease, D pins prompt + output minus the last sampled token for the decoder TTL,
 every read frees the blocks it read, an expired handle is declined (P recomputes) and vLLM
-streams D's params only from 0.33 (`stream_params`), and `/metrics` carries vLLM's
+streams D's params only from 0.33 (`stream_params`), a plain request (no kv_transfer_params)
+is served by either role like a single engine would, and `/metrics` carries vLLM's
 `vllm:cache_config_info` gauge with the engine's KV block size (`block_size`). Blocks are
 numbered per engine and each remembers the token ids it holds; what a real engine silently gets
 wrong (reading freed blocks, or blocks and token counts that do not hold the reader's prompt,
@@ -198,8 +199,10 @@ class FakeEngine:
         prompt_ids = self._prompt_ids(body)
         params = body.get("kv_transfer_params") or None
         rid = f"req-{self.spec.engine_id}-{next(self._ids)}"
-        if self.spec.role == "prefill":
+        if self.spec.role == "prefill" and params is not None:
             return json_reply(self._prefill(body, prompt_ids, params, rid))
+        # D, or P given a plain request (no kv_transfer_params): vLLM serves it like a single
+        # engine, generating the whole answer and retaining nothing.
         return await self._decode(request, body, prompt_ids, params, rid)
 
     def _params(

@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from boomerang.router import conversation as conv
 from boomerang.router import logs
+from boomerang.router.endpoints import Role
 from boomerang.router.validation import ClientRequest
 
 ATTACHED: Final = ("hit", "partial")
@@ -49,6 +50,8 @@ class Turn:
     prompt_ids: list[int] | None = None
     first_sent: bool = False
     decode_url: str | None = None
+    alone: Role | None = None
+    """The role of the one engine that served the turn alone (the other had none), else None."""
 
     def engine_request_id(self, stage: str) -> str:
         """A fresh id for each engine call (`<prefix>-p1`, `<prefix>-d2`, ...): the engines'
@@ -88,6 +91,7 @@ class Turn:
             "prefill": getattr(self.p_ep, "url", None),
             "decode": self.decode_url,
             "holder": self.holder,
+            "alone": self.alone,
             "prompt_tokens": len(self.prompt_ids) if self.prompt_ids is not None else None,
             "seconds": round(time.perf_counter() - self.started, 4),
         }

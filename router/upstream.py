@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 import orjson
 
+from boomerang.router.endpoints import Role
 from boomerang.router.engine_http import (
     ConnectError,
     EngineClient,
@@ -183,10 +184,19 @@ def _error_message(body: bytes | None) -> str | None:
     return None
 
 
-def unavailable(stage: str, last: UpstreamError | None) -> ApiError:
+class Unavailable(ApiError):
+    """No engine of `role` could serve this turn: none was there, or every one tried failed
+    (the flow may then serve the turn on the other role alone, see `degraded.py`)."""
+
+    def __init__(self, role: Role, status: int, message: str, *, type_: str | None = None) -> None:
+        super().__init__(status, message, type_=type_)
+        self.role: Role = role
+
+
+def unavailable(stage: Role, last: UpstreamError | None) -> Unavailable:
     """No engine of a role could serve: 503 with none tried, 504 on timeouts, else 502."""
     detail = f": {last.kind}" if last is not None else ""
     status = 504 if last is not None and last.kind == "timeout" else 502
     if last is None:
         status = 503
-    return ApiError(status, f"no {stage} engine could serve the request{detail}")
+    return Unavailable(stage, status, f"no {stage} engine could serve the request{detail}")

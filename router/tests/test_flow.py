@@ -286,10 +286,17 @@ async def test_engine_4xx_is_passed_to_the_client_not_retried(world: Any) -> Non
 
 
 async def test_no_engine_left_is_a_clear_5xx(world: Any) -> None:
-    w = await world()
+    w = await world(single_engine_fallback=False)  # on, decode alone would serve it
     w.prefill[0].fail_status = 500
     status, body = await post(w, chat([{"role": "user", "content": "x"}]))
     assert status == 502 and "prefill" in body["error"]["message"]
+
+
+async def test_no_engine_of_either_role_left_is_a_clear_5xx(world: Any) -> None:
+    w = await world()
+    w.prefill[0].fail_status = w.decode[0].fail_status = 500
+    status, body = await post(w, chat([{"role": "user", "content": "x"}]))
+    assert status == 502 and "decode" in body["error"]["message"]  # tried last, alone
 
 
 async def test_decode_affinity_keeps_a_conversation_on_its_decoder(world: Any) -> None:
@@ -322,14 +329,26 @@ async def test_ready_health_and_metrics_endpoints(world: Any) -> None:
     assert (await models.json())["data"][0]["id"] == "fake"
 
 
-async def test_not_ready_without_a_live_decoder(world: Any) -> None:
-    w = await world()
+async def test_not_ready_without_a_live_decoder_when_p_alone_may_not_serve(world: Any) -> None:
+    w = await world(single_engine_fallback=False)
     await w.servers[1].close()
     for _ in range(50):
         if (await w.client.get("/ready")).status == 503:
             break
         await asyncio.sleep(0.1)
     assert (await w.client.get("/ready")).status == 503
+
+
+async def test_still_ready_without_a_decoder_while_p_alone_serves(world: Any) -> None:
+    w = await world()
+    await w.servers[1].close()
+    for _ in range(50):
+        if (await (await w.client.get("/ready")).json())["decode"] == 0:
+            break
+        await asyncio.sleep(0.1)
+    ready = await w.client.get("/ready")
+    assert ready.status == 200
+    assert await ready.json() == {"ready": True, "prefill": 1, "decode": 0, "alone": True}
 
 
 async def test_responses_carry_a_request_id(world: Any) -> None:
@@ -449,12 +468,12 @@ async def test_a_decoder_that_went_down_after_the_turn_voids_its_handles(world: 
     d.healthy = False
     w.fabric.held.clear()
     for _ in range(100):
-        if (await w.client.get("/ready")).status != 200:
+        if (await (await w.client.get("/ready")).json())["decode"] == 0:
             break
         await asyncio.sleep(0.05)
     d.healthy = True
     for _ in range(100):
-        if (await w.client.get("/ready")).status == 200:
+        if (await (await w.client.get("/ready")).json())["decode"] == 1:
             break
         await asyncio.sleep(0.05)
     await next_turn_recomputes(w, history, first)
