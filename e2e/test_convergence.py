@@ -5,17 +5,19 @@ rollout is still under way when the test looks: the status must say Progressing 
 not Degraded) for the new generation. kwok would otherwise make pods Ready faster than the
 operator may first look, and a status that goes straight to Ready is then correct but shows
 nothing. Uncordoned, the change must reach Ready. Pods are told apart by UID (StatefulSet pods
-keep their names when replaced).
+keep their names when replaced). A change both roles' pods carry rolls prefill first: decode's
+pods are held (its StatefulSet's partition) until prefill's new pods are ready.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 from cluster import Cluster
-from kube import is_true, wait_until
-from suite import apply, get_dd, nodes_cordoned, patched, pods, wait_ready
+from kube import condition, is_true, wait_until
+from suite import apply, converged, get_dd, nodes_cordoned, patched, pods, wait_ready
 
 pytestmark = pytest.mark.cluster
 CONFIG_HASH = "boomerang.dev/config-hash"
@@ -155,3 +157,99 @@ def test_new_image_rolls_both_roles_to_one_engine_revision(
         assert is_true(pod, "Ready")
     # The status names the new revision while the pods are still rolling to it.
     assert rolling["status"]["engineRevision"] == dd["status"]["engineRevision"]
+
+
+def _role(pod: dict[str, Any]) -> str:
+    return str(pod["metadata"]["labels"].get("boomerang.dev/role"))
+
+
+def _hash(obj: dict[str, Any]) -> str:
+    """The config hash of a pod, or of a StatefulSet's pod template."""
+    meta = obj["spec"]["template"]["metadata"] if obj["kind"] == "StatefulSet" else obj["metadata"]
+    return str(meta["annotations"][CONFIG_HASH])
+
+
+def _partition(sts: dict[str, Any]) -> int:
+    return int(sts["spec"]["updateStrategy"]["rollingUpdate"]["partition"])
+
+
+def _prefill_replaced_decode_held(
+    cluster: Cluster, namespace: str, name: str, generation: int, before: set[str]
+) -> bool:
+    """Prefill's old pod is gone, the resource says decode waits, and decode's controller has
+    its new template in hand (an update revision of its own) yet keeps the old pod."""
+    engine = _engine_pods(cluster, namespace, name)
+    prefill = {uid for uid, p in engine.items() if _role(p) == "prefill"}
+    dd = get_dd(cluster, namespace, name)
+    message = str((condition(dd, "Progressing") or {}).get("message"))
+    said = dd["status"].get("observedGeneration") == generation and "decode (waits" in message
+    status = _sts(cluster, namespace, name, "decode").get("status") or {}
+    pending = status.get("updateRevision") != status.get("currentRevision")
+    return bool(prefill) and not prefill & before and said and pending
+
+
+def _converge_in_order(
+    cluster: Cluster, namespace: str, name: str, before: set[str], decode_hash: str
+) -> tuple[dict[str, Any], float]:
+    """Poll the engine pods until the resource is Ready, checking that no decode pod runs the
+    new configuration before prefill's new pod is Ready; returns the resource and the seconds
+    from prefill's new pod Ready to decode's new pod (each first seen by a poll)."""
+    seen: dict[str, float] = {}
+    deadline = time.monotonic() + 120
+    while True:
+        engine = list(_engine_pods(cluster, namespace, name).values())
+        at = time.monotonic()
+        prefill = [p for p in engine if _role(p) == "prefill" and is_true(p, "Ready")
+                   and p["metadata"]["uid"] not in before]  # fmt: skip
+        decode = [p for p in engine if _role(p) == "decode" and _hash(p) == decode_hash]
+        assert not decode or prefill, "decode rolled before prefill's new pod was Ready"
+        for role, pods_ in (("prefill", prefill), ("decode", decode)):
+            if pods_:
+                seen.setdefault(role, at)
+        dd = get_dd(cluster, namespace, name)
+        if converged(dd) and decode and is_true(decode[0], "Ready"):
+            return dd, seen["decode"] - seen["prefill"]
+        assert at < deadline, f"not converged in 120s: {_brief(dd)}"
+        time.sleep(0.2)
+
+
+def test_a_change_to_both_roles_rolls_prefill_first_then_decode(
+    cluster: Cluster, namespace: str, ready_minimal: dict[str, Any]
+) -> None:
+    """With one pod per role, rolling both at once would leave no engine for the router. Decode's
+    pod keeps its old configuration until prefill's new pod is Ready; then decode rolls,
+    released by prefill's own status event (well before the 60 s repair timer)."""
+    name = ready_minimal["metadata"]["name"]
+    old = {r: _hash(_sts(cluster, namespace, name, r)) for r in ("prefill", "decode")}
+    before = _engine_pods(cluster, namespace, name)
+    manifest = patched(ready_minimal, "spec.kvTransfer.recomputeThreshold", 256)
+    with nodes_cordoned(cluster):
+        apply(cluster, manifest, namespace)
+        generation = get_dd(cluster, namespace, name)["metadata"]["generation"]
+        wait_until(
+            "prefill's pod replaced and decode's held",
+            lambda: _prefill_replaced_decode_held(
+                cluster, namespace, name, generation, set(before)
+            ),
+            timeout=60,
+        )
+        seen = get_dd(cluster, namespace, name)
+        assert is_true(seen, "Progressing") and not is_true(seen, "Ready"), _brief(seen)
+        assert not is_true(seen, "Degraded"), _brief(seen)
+        decode = _sts(cluster, namespace, name, "decode")
+        assert _partition(decode) == decode["spec"]["replicas"] == 1
+        assert _hash(decode) != old["decode"], "decode's new template was not applied"
+        for uid, pod in _engine_pods(cluster, namespace, name).items():
+            if _role(pod) == "decode":
+                assert uid in before and _hash(pod) == old["decode"] and is_true(pod, "Ready")
+            else:
+                assert _hash(pod) != old["prefill"], "prefill did not start rolling"
+    dd, delay = _converge_in_order(cluster, namespace, name, set(before), _hash(decode))
+    assert delay < EVENT_DEADLINE_S, f"decode rolled {delay:.0f}s after prefill: the timer?"
+    print(f"decode's new pod seen {delay:.1f}s after prefill's new pod was Ready")
+    assert dd["metadata"]["generation"] == generation
+    assert dd["status"]["kvTransfer"]["recomputeThreshold"] == 256
+    assert dd["status"]["decode"] == {"desired": 1, "ready": 1, "updated": 1}
+    assert _partition(_sts(cluster, namespace, name, "decode")) == 0
+    after = _engine_pods(cluster, namespace, name)
+    assert len(after) == 2 and not set(before) & set(after)

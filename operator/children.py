@@ -14,8 +14,13 @@ from boomerang.operator import engines, policy, routing
 from boomerang.operator.api import API_VERSION, KIND, DisaggregatedDeployment
 
 
-def desired_children(dd: DisaggregatedDeployment) -> list[dict[str, Any]]:
-    """All children, each owned by `dd` so that deleting it garbage-collects them."""
+def desired_children(
+    dd: DisaggregatedDeployment, *, decode_held: bool = False
+) -> list[dict[str, Any]]:
+    """All children, each owned by `dd` so that deleting it garbage-collects them.
+
+    `decode_held` keeps decode's pods at their old revision while prefill rolls (rollout.py).
+    """
     objects: list[dict[str, Any]] = [
         routing.build_service_account(dd),
         routing.build_role(dd),
@@ -24,7 +29,8 @@ def desired_children(dd: DisaggregatedDeployment) -> list[dict[str, Any]]:
     ]
     for role in ROLES:
         objects.append(engines.build_headless_service(dd, role))
-        objects.append(engines.build_statefulset(dd, role))
+        held = decode_held and role == "decode"
+        objects.append(engines.build_statefulset(dd, role, held=held))
     objects.append(routing.build_service(dd))
     objects.append(routing.build_deployment(dd))
     objects += [policy.build_pdb(dd, component) for component in policy.COMPONENTS]

@@ -7,7 +7,8 @@ entry the router watches. Why these pod details:
   downward API (the entrypoint copies `POD_IP` into it);
 - EFA needs the `vpc.amazonaws.com/efa` devices, IPC_LOCK to register memory, hugepages;
 - model loading takes minutes: a startup probe with a long budget guards the readiness probe;
-- the config hash annotation rolls pods on any change; the engine revision rolls both roles.
+- the config hash annotation rolls pods on any change; the engine revision rolls both roles;
+- decode's RollingUpdate partition holds its pods while prefill rolls (see rollout.py).
 """
 
 from __future__ import annotations
@@ -52,13 +53,15 @@ def build_headless_service(dd: DisaggregatedDeployment, role: Role) -> dict[str,
     }
 
 
-def build_statefulset(dd: DisaggregatedDeployment, role: Role) -> dict[str, Any]:
-    """The engine StatefulSet of one role."""
+def build_statefulset(
+    dd: DisaggregatedDeployment, role: Role, *, held: bool = False
+) -> dict[str, Any]:
+    """The engine StatefulSet of one role; `held` keeps every pod at the old revision.
+
+    The partition is always rendered (0 when not held), so a steady-state apply changes nothing.
+    """
     spec = render.role_spec(dd, role)
-    template = _pod_template(dd, role)
-    template["metadata"]["annotations"][render.ANNOTATION_CONFIG_HASH] = render.stable_hash(
-        template
-    )
+    partition = spec.replicas if held else 0
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -71,12 +74,26 @@ def build_statefulset(dd: DisaggregatedDeployment, role: Role) -> dict[str, Any]
             "replicas": spec.replicas,
             "serviceName": render.child_name(dd, role),
             "podManagementPolicy": "Parallel",
-            "updateStrategy": {"type": "RollingUpdate"},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": partition}},
             "selector": {"matchLabels": render.selector_labels(dd, role)},
-            "template": template,
+            "template": pod_template(dd, role),
             **_cache_claims(dd, role),
         },
     }
+
+
+def pod_template(dd: DisaggregatedDeployment, role: Role) -> dict[str, Any]:
+    """One role's pod template, stamped with the hash of its own content."""
+    template = _pod_template(dd, role)
+    template["metadata"]["annotations"][render.ANNOTATION_CONFIG_HASH] = render.stable_hash(
+        template
+    )
+    return template
+
+
+def config_hash(dd: DisaggregatedDeployment, role: Role) -> str:
+    """The config hash one role's pods carry once they run the desired spec."""
+    return str(pod_template(dd, role)["metadata"]["annotations"][render.ANNOTATION_CONFIG_HASH])
 
 
 def _cache_claims(dd: DisaggregatedDeployment, role: Role) -> dict[str, Any]:

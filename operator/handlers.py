@@ -1,7 +1,8 @@
 """The kopf wiring: which events call the reconciler. Everything it calls is plain code.
 
 - the resource itself (create, update, resume) and a repair timer: full `reconcile()`;
-- its StatefulSets and Deployment changing (pods becoming ready, rollouts): `refresh_status()`;
+- its StatefulSets and Deployment changing (pods becoming ready, rollouts): `refresh_status()`,
+  which also releases decode's held rollout the moment prefill's has finished (rollout.py);
 - any child deleted, or edited by someone else: full `reconcile()` of its owner, so drift is
   repaired at once rather than at the next timer tick.
 Status is computed and written under a per-resource lock from fresh reads (see reconcile.py).

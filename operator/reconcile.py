@@ -5,6 +5,10 @@ child with server-side apply (correcting any drift), then read the resource and 
 fresh, compute status, and write it only when it changed. Nothing here branches on
 "was this a create or an update". The kopf wiring in `handlers.py` calls these functions and
 emits the events they return.
+
+One child depends on another's state: decode's rollout waits for prefill's (rollout.py). A
+reconcile reads both engine StatefulSets before applying to decide the hold; a status refresh,
+which every workload event triggers, releases it as soon as prefill reports it has rolled out.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from boomerang.connector.config import ROLES
-from boomerang.operator import render
+from boomerang.operator import render, rollout
 from boomerang.operator.api import API_VERSION, KIND, DisaggregatedDeployment
 from boomerang.operator.children import desired_children
 from boomerang.operator.kube import KubeAPI, KubeError
@@ -41,13 +45,17 @@ class Outcome:
 def reconcile(
     body: Mapping[str, Any], kube: KubeAPI, now: str, gate: StatusGate | None = None
 ) -> Outcome:
-    """Converge every child of one resource, then write its status from fresh reads."""
+    """Converge every child of one resource, then write its status from fresh reads.
+
+    The engine StatefulSets are read first: decode's pods are held while prefill rolls out.
+    """
     try:
         dd = DisaggregatedDeployment.model_validate(dict(body))
     except ValidationError as exc:
         return _invalid(body, kube, now, exc)
     error = None
-    for obj in desired_children(dd):
+    prefill, decode = _read_engine(dd, kube, "prefill"), _read_engine(dd, kube, "decode")
+    for obj in desired_children(dd, decode_held=rollout.decode_held(dd, prefill, decode)):
         kind, name = obj["kind"], obj["metadata"]["name"]
         try:
             kube.apply(obj)
@@ -92,14 +100,42 @@ def _refresh(key: tuple[str, str], kube: KubeAPI, now: str, gate: StatusGate) ->
         return Outcome(status={})
     dd = DisaggregatedDeployment.model_validate(owner)
     previous = owner.get("status") or {}
-    observed: dict[str, Mapping[str, Any] | None] = {}
-    for component in (*ROLES, "router"):
-        kind = "Deployment" if component == "router" else "StatefulSet"
-        child = render.child_name(dd, component)
-        observed[component] = kube.get("apps/v1", kind, dd.namespace, child)
+    observed: dict[str, Mapping[str, Any] | None] = {
+        role: _read_engine(dd, kube, role) for role in ROLES
+    }
+    observed["router"] = kube.get(
+        "apps/v1", "Deployment", dd.namespace, render.child_name(dd, "router")
+    )
+    if rollout.release_due(dd, observed["prefill"], observed["decode"]):
+        observed["decode"] = _release_decode(dd, kube) or observed["decode"]
     # The last full reconcile's result; after a restart, what the status last said.
     error = gate.errors[key] if key in gate.errors else _last_error(previous)
     return _finish(dd, observed, previous, kube, now, error)
+
+
+def _read_engine(dd: DisaggregatedDeployment, kube: KubeAPI, role: str) -> Mapping[str, Any] | None:
+    return kube.get("apps/v1", "StatefulSet", dd.namespace, render.child_name(dd, role))
+
+
+def _release_decode(dd: DisaggregatedDeployment, kube: KubeAPI) -> Mapping[str, Any] | None:
+    """Prefill has rolled out: lower decode's partition now, not at the next full reconcile.
+
+    Applies the whole decode StatefulSet as a reconcile would (server-side apply drops any field
+    left out), which `release_due` has checked differs from the live one only in its partition.
+    """
+    decode = render.child_name(dd, "decode")
+    desired = next(
+        o
+        for o in desired_children(dd)
+        if o["kind"] == "StatefulSet" and o["metadata"]["name"] == decode
+    )
+    try:
+        released = kube.apply(desired)
+    except KubeError as exc:
+        log.warning("Failed to release StatefulSet name=%s reason=%s", decode, exc.reason)
+        return None
+    log.info("Released StatefulSet name=%s role=decode reason=prefill rolled out", decode)
+    return released
 
 
 class StatusGate:

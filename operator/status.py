@@ -6,6 +6,7 @@ settings, and three standard conditions (plus kstatus' Reconciling and Stalled, 
 Progressing and Degraded, for Flux and other kstatus readers):
 - Ready: every role and the router have all their replicas ready at the current generation;
 - Progressing: a rollout or scale is under way (including P and D at different revisions);
+  its message says when decode's pods wait for prefill to roll out first (rollout.py);
 - Degraded: the last reconcile failed, or replicas went missing after the current spec was
   Ready, with no rollout to explain it.
 A condition's `lastTransitionTime` moves only when its status changes, so status never flaps.
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from boomerang.connector.config import ROLES
-from boomerang.operator import render
+from boomerang.operator import render, rollout
 from boomerang.operator.api import DisaggregatedDeployment, parse_duration
 
 
@@ -30,6 +31,7 @@ class Workload:
     ready: int
     updated: int
     settled: bool  # controller caught up with the spec and no revision change pending
+    held: bool = False  # a pending revision change the StatefulSet's partition holds back
 
     @property
     def complete(self) -> bool:
@@ -43,14 +45,17 @@ def workload(obj: Mapping[str, Any] | None, desired: int) -> Workload:
     status = obj.get("status") or {}
     generation = obj.get("metadata", {}).get("generation", 0)
     settled = status.get("observedGeneration", 0) >= generation
+    held = False
     if obj.get("kind") == "StatefulSet":
         current, update = status.get("currentRevision"), status.get("updateRevision")
         settled = settled and (current == update or desired == 0)
+        held = not settled and rollout.partition(obj) > 0
     return Workload(
         desired=desired,
         ready=int(status.get("readyReplicas") or 0),
         updated=int(status.get("updatedReplicas") or 0),
         settled=settled,
+        held=held,
     )
 
 
@@ -130,10 +135,16 @@ def _decide(
     waiting = [
         f"{name} {w.ready}/{w.desired} ready" for name, w in everything.items() if not w.complete
     ]
-    rolling = [name for name, w in everything.items() if not w.settled or w.updated < w.desired]
+    rolling = [
+        f"{name} (waits for prefill to roll out first)" if w.held else name
+        for name, w in everything.items()
+        if not w.settled or w.updated < w.desired
+    ]
     progressing: Decision = (False, "Stable", "all workloads at the desired revision")
     if skew:
         message = "prefill and decode run different engine revisions; NIXL needs them equal"
+        if any(w.held for w in roles.values()):
+            message += "; decode waits for prefill to roll out first"
         progressing = (True, "RevisionSkew", message)
     elif rolling:
         progressing = (True, "RollingOut", f"updating {', '.join(rolling)}")

@@ -141,6 +141,27 @@ def test_scaling_one_role_does_not_roll_the_other() -> None:
     assert _template_annotations(before, "decode") == _template_annotations(after, "decode")
 
 
+def _strategy(objs: list[dict[str, Any]], role: str) -> dict[str, Any]:
+    strategy: dict[str, Any] = _find(objs, "StatefulSet", f"-{role}")["spec"]["updateStrategy"]
+    return strategy
+
+
+def test_a_held_decode_gets_its_new_template_with_every_pod_partitioned_off() -> None:
+    dd = deployment("minimal", {"decode": {"replicas": 3}}, uid=UID)
+    released, held = desired_children(dd), desired_children(dd, decode_held=True)
+    assert _strategy(held, "decode") == {"type": "RollingUpdate", "rollingUpdate": {"partition": 3}}
+    assert _strategy(released, "decode")["rollingUpdate"] == {"partition": 0}
+    # Held or not, decode is applied with the desired template; only the partition differs.
+    decode = _find(held, "StatefulSet", "-decode")
+    assert (
+        decode["spec"]["template"] == _find(released, "StatefulSet", "-decode")["spec"]["template"]
+    )
+    # Prefill is never held, and always says so: an omitted partition would not be idempotent.
+    assert _find(held, "StatefulSet", "-prefill") == _find(released, "StatefulSet", "-prefill")
+    assert _strategy(held, "prefill")["rollingUpdate"] == {"partition": 0}
+    kubernetes_validate.validate(json.loads(json.dumps(decode)), K8S_VERSION, strict=True)
+
+
 def test_pod_template_override_merges_containers_by_name() -> None:
     patch = {
         "decode": {

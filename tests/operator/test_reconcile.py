@@ -9,6 +9,7 @@ from typing import Any
 from dd_testing import manifest
 
 from boomerang.operator.kube import KubeError
+from boomerang.operator.merge import deep_merge
 from boomerang.operator.reconcile import (
     Outcome,
     StatusGate,
@@ -21,12 +22,14 @@ NOW = "2026-01-01T00:00:00Z"
 
 
 class MemoryKube:
-    """Stores applied objects; workloads report all replicas ready once `ready` is set."""
+    """Stores applied objects; workloads report all replicas ready once `ready` is set, else
+    none ready and a rollout to the applied template pending."""
 
     def __init__(self, owner: dict[str, Any], fail_kind: str | None = None) -> None:
         self.owner = owner
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.status_writes: list[dict[str, Any]] = []
+        self.applied: list[tuple[str, str]] = []
         self.fail_kind = fail_kind
         self.ready = False
 
@@ -36,13 +39,16 @@ class MemoryKube:
         stored = copy.deepcopy(dict(obj))
         stored["metadata"]["generation"] = 1
         self.objects[(obj["kind"], obj["metadata"]["name"])] = stored
+        self.applied.append((obj["kind"], obj["metadata"]["name"]))
         return self._with_status(stored)
 
     def _with_status(self, obj: dict[str, Any]) -> dict[str, Any]:
         if obj["kind"] in ("StatefulSet", "Deployment"):
-            n = obj["spec"]["replicas"] if self.ready else 0
-            obj = {**obj, "status": {"observedGeneration": 1, "readyReplicas": n,
-                                     "updatedReplicas": n, "currentRevision": "r",
+            replicas = obj["spec"]["replicas"]
+            n = replicas if self.ready else 0
+            obj = {**obj, "status": {"observedGeneration": 1, "replicas": replicas,
+                                     "readyReplicas": n, "updatedReplicas": n,
+                                     "currentRevision": "r" if self.ready else "old",
                                      "updateRevision": "r"}}  # fmt: skip
         return obj
 
@@ -104,6 +110,68 @@ def test_workload_readiness_flows_into_status_without_applying() -> None:
     ready = next(c for c in outcome.status["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "True"
     assert ("Normal", "AllReplicasReady") in [(e[0], e[1]) for e in outcome.events]
+
+
+def _partition(kube: MemoryKube, role: str) -> int:
+    sts = kube.objects[("StatefulSet", f"minimal-{role}")]
+    return int(sts["spec"]["updateStrategy"]["rollingUpdate"]["partition"])
+
+
+def _config_hash(kube: MemoryKube, role: str) -> str:
+    sts = kube.objects[("StatefulSet", f"minimal-{role}")]
+    return str(sts["spec"]["template"]["metadata"]["annotations"]["boomerang.dev/config-hash"])
+
+
+def _changed(kube: MemoryKube, patch: dict[str, Any], generation: int) -> None:
+    kube.owner["spec"] = deep_merge(kube.owner["spec"], patch)
+    kube.owner["metadata"]["generation"] = generation
+
+
+def test_first_create_never_holds_decode() -> None:
+    kube = MemoryKube(body())
+    reconcile(kube.owner, kube, NOW)
+    assert _partition(kube, "decode") == 0 and _partition(kube, "prefill") == 0
+    reconcile(kube.owner, kube, NOW)  # prefill not ready yet, but decode has nothing to roll
+    assert _partition(kube, "decode") == 0
+
+
+def test_a_change_to_both_roles_holds_decode_until_prefill_has_rolled_out() -> None:
+    kube = MemoryKube(body())
+    kube.ready = True
+    reconcile(kube.owner, kube, NOW)
+    old_hash = _config_hash(kube, "decode")
+    _changed(kube, {"kvTransfer": {"recomputeThreshold": 256}}, generation=2)
+    kube.ready = False  # prefill's new pod is starting
+    outcome = reconcile(kube.owner, kube, NOW)
+    assert _config_hash(kube, "decode") != old_hash, "decode gets its new template at once"
+    assert _partition(kube, "decode") == 1 and _partition(kube, "prefill") == 0
+    progressing = next(c for c in outcome.status["conditions"] if c["type"] == "Progressing")
+    assert "decode (waits for prefill to roll out first)" in progressing["message"]
+    refresh_status(kube.owner, kube, NOW)  # an event while prefill still rolls: still held
+    assert _partition(kube, "decode") == 1
+    # Prefill's status event: the refresh it triggers releases decode, applying nothing else.
+    kube.ready = True
+    kube.applied.clear()
+    refresh_status(kube.owner, kube, NOW)
+    assert kube.applied == [("StatefulSet", "minimal-decode")]
+    assert _partition(kube, "decode") == 0
+    decode = kube.objects[("StatefulSet", "minimal-decode")]
+    assert decode["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    # Released, later refreshes apply nothing and reconciles keep the partition at 0.
+    kube.applied.clear()
+    refresh_status(kube.owner, kube, NOW)
+    assert kube.applied == []
+    reconcile(kube.owner, kube, NOW)
+    assert _partition(kube, "decode") == 0
+
+
+def test_a_change_to_decode_alone_rolls_it_at_once() -> None:
+    kube = MemoryKube(body())
+    kube.ready = True
+    reconcile(kube.owner, kube, NOW)
+    _changed(kube, {"decode": {"extraArgs": ["--max-num-seqs=64"]}}, generation=2)
+    reconcile(kube.owner, kube, NOW)
+    assert _partition(kube, "decode") == 0
 
 
 def test_a_failing_child_degrades_status_and_the_rest_still_apply() -> None:

@@ -13,7 +13,7 @@ T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z"
 
 
 def sts(
-    replicas: int, ready: int, updated: int | None = None, skewed: bool = False
+    replicas: int, ready: int, updated: int | None = None, skewed: bool = False, partition: int = 0
 ) -> dict[str, Any]:
     return {
         "kind": "StatefulSet",
@@ -25,7 +25,10 @@ def sts(
             "currentRevision": "a",
             "updateRevision": "b" if skewed else "a",
         },
-        "spec": {"replicas": replicas},
+        "spec": {
+            "replicas": replicas,
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": partition}},
+        },
     }
 
 
@@ -129,6 +132,39 @@ def test_half_rolled_role_reports_revision_skew() -> None:
     status = compute_status(dd, world, None, T0)
     assert status["revisionSkew"] is True
     assert conditions(status)["Progressing"] == ("True", "RevisionSkew")
+
+
+def progressing_message(status: dict[str, Any]) -> str:
+    return str(next(c["message"] for c in status["conditions"] if c["type"] == "Progressing"))
+
+
+def test_a_held_decode_says_it_waits_for_prefill() -> None:
+    """Prefill's new pod is starting; decode's old pod serves, its rollout held back."""
+    dd = deployment(generation=3)
+    ready = compute_status(deployment(generation=2), ready_world(), None, T0)
+    world = {
+        **ready_world(),
+        "prefill": sts(1, 0, updated=0, skewed=True),
+        "decode": sts(1, 1, updated=0, skewed=True, partition=1),
+    }
+    status = compute_status(dd, world, ready, T1)
+    assert conditions(status)["Progressing"] == ("True", "RollingOut")
+    assert conditions(status)["Reconciling"] == ("True", "RollingOut")
+    assert progressing_message(status) == (
+        "updating prefill, decode (waits for prefill to roll out first)"
+    )
+    assert conditions(status)["Ready"][0] == "False"
+    assert conditions(status)["Degraded"] == ("False", "AsExpected")
+    released = {**world, "prefill": sts(1, 1), "decode": sts(1, 1, updated=0, skewed=True)}
+    status = compute_status(dd, released, status, T1)
+    assert progressing_message(status) == "updating decode"
+
+
+def test_a_partition_with_nothing_to_hold_back_is_not_reported() -> None:
+    world = {**ready_world(), "decode": sts(1, 1, partition=1)}
+    status = compute_status(deployment(generation=2), world, None, T0)
+    assert conditions(status)["Progressing"] == ("False", "Stable")
+    assert conditions(status)["Ready"] == ("True", "AllReplicasReady")
 
 
 def test_reconcile_error_is_degraded_with_its_message() -> None:
