@@ -26,7 +26,9 @@ from pathlib import Path
 import pytest
 from images.build import NAMES, REPO, Builder, Built, cache_dir
 from images.buildah import CONTAINERD_TOOLS, Buildah, install_tools, missing_tools
-from images.containerd import import_images, listed
+from images.containerd import import_images, listed, public_name
+
+from boomerang.operator.api import DEFAULT_ROUTER_IMAGE
 
 pytestmark = [pytest.mark.node, pytest.mark.timeout(5400)]
 CI = bool(os.environ.get("CI"))
@@ -76,6 +78,12 @@ def test_python_image_runs_its_entrypoint_as_its_user(
     assert config["Entrypoint"] == [f"boomerang-{name}"]
     assert config["User"] == "65532:65532"
     assert f"usage: boomerang-{name}" in run(buildah, built[name], "--help")
+    # The uid has a name: kopf asks for it (getpass) when it starts, and fails without one.
+    who = "import getpass, os; print(os.getuid(), getpass.getuser())"
+    assert run(buildah, built[name], "python3", "-c", who, entrypoint=False).split() == [
+        "65532",
+        "nonroot",
+    ]
     # The install is /usr/local's own, as in python:3.11-slim (not /usr/local/local).
     script = f"boomerang-{name}"
     where = f"import boomerang.{name} as m, shutil; print(m.__file__, shutil.which({script!r}))"
@@ -170,7 +178,8 @@ def test_archives_import_into_containerd(built: dict[str, Built], containerd: Pa
     held = listed(containerd, namespace="k8s.io")
     for name in names:
         assert name in held
-    assert "docker.io/boomerang/router:" + built["router"].ref.rsplit(":", 1)[1] in held
+    assert public_name(built["router"].ref) in held
+    assert public_name(built["router"].ref) == DEFAULT_ROUTER_IMAGE  # what the CRD defaults to
 
 
 # A stand-in for aws-efa-installer: it installs an fi_info that answers like libfabric's.

@@ -37,6 +37,13 @@ PLURAL = "disaggregateddeployments"
 SINGULAR = "disaggregateddeployment"
 SHORT_NAMES = ["dd", "disagg"]
 
+IMAGE_REGISTRY = "ghcr.io/boomerang-dev"
+"""Where the release workflow publishes the images (the chart's `image.registry` names it too)."""
+IMAGE_TAG = "0.1.0"
+"""The images of this release: the project's version and the chart's appVersion (tested)."""
+DEFAULT_ENGINE_IMAGE = f"{IMAGE_REGISTRY}/connector:{IMAGE_TAG}"
+DEFAULT_ROUTER_IMAGE = f"{IMAGE_REGISTRY}/router:{IMAGE_TAG}"
+
 _DURATION_RE = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
 _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -168,7 +175,7 @@ class EngineSpec(_Model):
     """The engine both roles run: P and D must run the same vLLM build to handshake."""
 
     image: str = Field(
-        "boomerang/connector:0.1.0",
+        DEFAULT_ENGINE_IMAGE,
         description="Connector image: vLLM, NIXL with UCX and LIBFABRIC, EFA libraries.",
         min_length=1,
     )
@@ -319,7 +326,7 @@ class RouterSpec(_Model):
     """The KV-cache-aware router in front of the engines."""
 
     replicas: int = Field(2, description="Router pods.", ge=1)
-    image: str = Field("boomerang/router:0.1.0", description="Router image.", min_length=1)
+    image: str = Field(DEFAULT_ROUTER_IMAGE, description="Router image.", min_length=1)
     resources: ContainerResources = Field(
         default_factory=lambda: ContainerResources(), description="Router container resources."
     )

@@ -4,13 +4,15 @@ Why it exists: the real-node tests run their own containerd (own socket, no regi
 images reach it as archives: `ctr -n k8s.io images import`, the namespace the kubelet's CRI
 uses, unpacked for its snapshotter, so that pods with `imagePullPolicy: Never` or
 `IfNotPresent` start without a pull. Each image is also tagged with its public name
-(docker.io/boomerang/<name>:<version>, which the chart's and the CRD's defaults name), so
-manifests that keep those defaults run the local build.
+(`<registry>/<name>:<version>`, the published image that the chart's and the CRD's defaults
+name; the registry is the chart's `image.registry`), so manifests that keep those defaults run
+the local build.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterable
@@ -25,9 +27,20 @@ class Archived(Protocol):
     archive: Path | None
 
 
+CHART_VALUES = Path(__file__).resolve().parents[2] / "charts" / "boomerang" / "values.yaml"
+
+
+def registry() -> str:
+    """The chart's `image.registry` (read with the standard library: build.sh needs no venv)."""
+    match = re.search(r"^image:\n(?:  .*\n)*?  registry: *(\S+)", CHART_VALUES.read_text(), re.M)
+    if not match:
+        raise ValueError(f"no image.registry in {CHART_VALUES}")
+    return match[1].strip("\"'")
+
+
 def public_name(ref: str) -> str:
-    """localhost/boomerang/router:0.1.0 -> docker.io/boomerang/router:0.1.0"""
-    return "docker.io/" + ref.removeprefix("localhost/")
+    """localhost/boomerang/router:0.1.0 -> <registry>/router:0.1.0"""
+    return f"{registry()}/{ref.removeprefix('localhost/boomerang/')}"
 
 
 def import_images(

@@ -94,3 +94,45 @@ def test_operator_runs_unprivileged_with_its_namespaces(helm: Path) -> None:
     assert pod["serviceAccountName"] == "boomerang-operator"
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert "--namespace=team-a" in pod["containers"][0]["args"]
+
+
+def _operator_image(docs: list[dict[str, Any]]) -> str:
+    deploy = next(d for d in docs if d["kind"] == "Deployment")
+    return str(deploy["spec"]["template"]["spec"]["containers"][0]["image"])
+
+
+def test_every_default_image_is_the_published_one_of_this_release(helm: Path) -> None:
+    """One registry and one version: the chart's operator image, the resource's engine and
+    router images, the project's version and the chart's appVersion all agree."""
+    import tomllib
+
+    from boomerang.operator.api import (
+        DEFAULT_ENGINE_IMAGE, DEFAULT_ROUTER_IMAGE, IMAGE_REGISTRY, IMAGE_TAG,
+        DisaggregatedDeployment,
+    )  # fmt: skip
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert IMAGE_TAG == project == chart["appVersion"]
+    assert values["image"]["registry"] == IMAGE_REGISTRY
+    assert _operator_image(_render(helm)) == f"{IMAGE_REGISTRY}/operator:{IMAGE_TAG}"
+    dd = DisaggregatedDeployment.model_validate(
+        {"metadata": {"name": "x"}, "spec": {"model": {"source": "hf://a/b", "servedName": "b"}}}
+    )
+    assert dd.spec.engine.image == DEFAULT_ENGINE_IMAGE == f"{IMAGE_REGISTRY}/connector:{IMAGE_TAG}"
+    assert dd.spec.router.image == DEFAULT_ROUTER_IMAGE == f"{IMAGE_REGISTRY}/router:{IMAGE_TAG}"
+
+
+@pytest.mark.parametrize(
+    ("sets", "image"),
+    [
+        (("--set", "image.registry=registry.example.com/team"), "registry.example.com/team/"),
+        (("--set", "image.registry=", "--set", "image.repository=mirror/op"), "mirror/op:"),
+    ],
+    ids=["own-registry", "repository-alone"],
+)
+def test_one_registry_value_moves_the_operator_image(
+    helm: Path, sets: tuple[str, ...], image: str
+) -> None:
+    assert _operator_image(_render(helm, *sets)).startswith(image)
