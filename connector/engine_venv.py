@@ -45,6 +45,42 @@ def _script(route: str | None, check: bool) -> Path | None:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
+SYSTEM_LIBRARIES = {"libnuma.so.1": "libnuma1"}
+"""Shared libraries vLLM's CPU kernels link against that no wheel carries (library -> Debian
+package). Without libnuma, `vllm._C_AVX2` fails to load and the engine's worker dies at start.
+The connector image's stand-in base (e2e/images/vllm-cpu.Containerfile) installs the same."""
+
+
+def missing_libraries() -> list[str]:
+    """The SYSTEM_LIBRARIES the dynamic linker cannot find."""
+    import ctypes
+
+    missing = []
+    for library in SYSTEM_LIBRARIES:
+        try:
+            ctypes.CDLL(library)
+        except OSError:
+            missing.append(library)
+    return missing
+
+
+def ensure_system_libraries() -> None:
+    """Installs the missing SYSTEM_LIBRARIES' packages where that is possible (root, apt-get);
+    raises with the package names otherwise."""
+    missing = missing_libraries()
+    packages = sorted({SYSTEM_LIBRARIES[lib] for lib in missing})
+    if missing and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+        subprocess.run(["apt-get", "install", "-y", "-qq", *packages], check=True, env=env)
+        missing = missing_libraries()
+    if missing:
+        raise RuntimeError(
+            f"vLLM's CPU engine needs {', '.join(missing)}: install {' '.join(packages)} "
+            "(Debian/Ubuntu package names)"
+        )
+
+
 def ensure(route: str | None = None, *, check: bool = False) -> Path | None:
     """The engine venv with this Boomerang linked in; built on first use unless `check`.
 
@@ -55,6 +91,8 @@ def ensure(route: str | None = None, *, check: bool = False) -> Path | None:
         return Path(override)
     venv = _script(route, check)
     if venv is not None:
+        if not check:
+            ensure_system_libraries()
         link_boomerang(venv)
     return venv
 
