@@ -354,7 +354,8 @@ class Cluster:
         """Create `count` fake GPU nodes spread over two network layer-3 groups; wait Ready."""
         names = [f"{prefix}-{i}" for i in range(count)]
         items = [fake_gpu_node(n, layer3="a" if i % 2 == 0 else "b") for i, n in enumerate(names)]
-        self.apply_objects(items, server_side=False)
+        if items:
+            self.apply_objects(items, server_side=False)
         for name in names:
             wait_until(f"node {name} Ready", lambda n=name: self._node_ready(n), timeout=60)
         return names

@@ -40,11 +40,12 @@ class NodeLayout:
     """Where everything of one real node lives, and how it is addressed."""
 
     name: str
-    workdir: Path  # configs, pod logs, containerd's images and snapshots
+    workdir: Path  # configs, pod logs
     run: Path  # the fixed per-machine directory: sockets and runtime state
     kubelet_root: Path
     subnet: str
     ip: str  # the node's InternalIP: the bridge's address, the pods' gateway
+    containerd_root: Path  # containerd's images and snapshots, kept between runs (a cache)
 
     @property
     def socket(self) -> Path:
@@ -75,7 +76,7 @@ def cni_config(node: NodeLayout) -> dict[str, Any]:
 
 def containerd_config(node: NodeLayout, sandbox_image: str) -> str:
     """containerd 1.6's CRI with its own root, state and socket; runc with cgroupfs."""
-    root = node.workdir / "containerd-root"
+    root = node.containerd_root
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     return f"""version = 2
 root = "{root}"

@@ -17,6 +17,7 @@ reach each other and Services by IP (or the `*_SERVICE_HOST` environment variabl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -89,7 +90,16 @@ class RealNode:
     def layout(self) -> node_config.NodeLayout:
         assert self.state is not None
         return node_config.NodeLayout(self.name, self.workdir, self.run, self._kubelet_root(),
-                                      self.subnet, self.ip)  # fmt: skip
+                                      self.subnet, self.ip, self.image_store)  # fmt: skip
+
+    @property
+    def image_store(self) -> Path:
+        """containerd's root (content and snapshots), kept between runs like the other caches:
+        importing the connector image (4 GB) costs minutes, a label says whether it is current
+        (images/containerd.py), and containers a run left behind are removed at the next
+        start. One real node per machine (the lock) means one user of it at a time."""
+        cache = Path(os.environ.get("BOOMERANG_CACHE") or Path.home() / ".cache" / "boomerang")
+        return Path(os.environ.get("BOOMERANG_NODE_IMAGE_STORE") or cache / "node-containerd")
 
     @property
     def subnet(self) -> str:
@@ -166,6 +176,7 @@ class RealNode:
             self._write_configs(cluster)
             self._step("configs", began)
             self._start_containerd()
+            self._remove_containers()
             self._step("containerd", began)
             self.import_images(self.images.archive)
             self._step("images", began)
@@ -227,9 +238,10 @@ class RealNode:
         state.subnet = node_host.pick_subnet()
         kubelet_root = self._kubelet_root()
         state.mount_roots = [str(self.run), str(self.workdir), str(kubelet_root)]
+        state.mount_roots.append(str(self.image_store))
         state.delete = [str(self.run / d) for d in ("containerd", "runc", "cni-ipam")]
         state.delete += [str(self.socket), f"{self.socket}.ttrpc"]
-        state.delete += [str(self.workdir / "containerd-root"), str(kubelet_root)]
+        state.delete += [str(kubelet_root)]
         state.pod_logs = str(self.workdir / "pod-logs")  # = NodeLayout.pod_logs
         state.containerd_state = str(self.run / "containerd")
         self.state = state
@@ -343,6 +355,15 @@ class RealNode:
     def import_images(self, archive: Path) -> None:
         """Load an OCI archive (`node_images.py`) into containerd; pods then run its images."""
         self._ctr("images", "import", str(archive))
+
+    def _remove_containers(self) -> None:
+        """What an earlier run left in the kept image store: its containers (and with them
+        their snapshots, which containerd's garbage collector then frees)."""
+        self._kill_tasks()
+        for container in self._ctr("containers", "ls", "-q", timeout=30).split():
+            with contextlib.suppress(RuntimeError, subprocess.TimeoutExpired):
+                self._ctr("tasks", "delete", "--force", container, timeout=30)
+            self._ctr("containers", "delete", container, timeout=30)
 
     def _kill_tasks(self) -> None:
         """Containers left after the kubelet stopped: killed through containerd."""

@@ -43,6 +43,8 @@ REPO = HERE.parents[1]
 RECIPE = "2"
 NAMES = ("operator", "router", "connector")
 DOCKERFILES = {name: f"{name}/Dockerfile" for name in NAMES}
+# Images the tests need beside the product's: stand-ins for public images users pull.
+STAND_INS = ("redis",)
 # The Python base: Debian bookworm's minimal system, its Python 3.11 with venv, CA certificates.
 SUITE = "bookworm"
 PACKAGES = ("python3", "python3-venv", "ca-certificates")
@@ -260,6 +262,21 @@ class Builder:
         self.buildah.bud(containerfile, REPO / "connector", tags, build_args, volumes)
         return self.finish("vllm-cpu", ref, key, started, archived=False)
 
+    def redis(self, python: Built) -> Built:
+        """Debian's redis-server on the Python base: what the real-node suite runs for the
+        router's shared store, where users run the official redis image."""
+        containerfile = HERE / "redis.Containerfile"
+        key = digest(RECIPE, containerfile.read_bytes(), python.key)
+        ref = f"localhost/boomerang/redis:{self.version}"
+        hit = self.cached("redis", ref, key, archived=True)
+        if hit:
+            return hit
+        self.log("images: redis: Debian's redis-server on the Python base")
+        started = time.monotonic()
+        tags = [f"localhost/boomerang/redis:k-{key}"]
+        self.buildah.bud(containerfile, HERE, tags, {"PYTHON_IMAGE": python.key_ref})
+        return self.finish("redis", ref, key, started, archived=True)
+
     def image(self, name: str, build_args: dict[str, str], base: Built) -> Built:
         dockerfile = REPO / DOCKERFILES[name]
         key = digest(
@@ -280,7 +297,9 @@ class Builder:
         with self.lock():
             built = {"python-base": self.python_base()}
             for name in names:
-                if name == "connector":
+                if name == "redis":
+                    built[name] = self.redis(built["python-base"])
+                elif name == "connector":
                     built["vllm-cpu"] = vllm = self.vllm_base(built["python-base"])
                     built[name] = self.image(name, {"VLLM_IMAGE": vllm.key_ref}, vllm)
                 else:
@@ -304,13 +323,14 @@ def build_images(names: tuple[str, ...] = NAMES, log: Log = print) -> dict[str, 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("names", nargs="*", help=f"among {', '.join(NAMES)} (default: all)")
+    choices = (*NAMES, *STAND_INS)
+    parser.add_argument("names", nargs="*", help=f"among {', '.join(choices)} (default: all)")
     parser.add_argument("--no-install", action="store_true", help="never apt-get the tools")
     parser.add_argument("--import", dest="socket", help="containerd socket to import them into")
     parser.add_argument("--namespace", default="k8s.io", help="containerd namespace")
     args = parser.parse_args(argv)
-    if set(args.names) - set(NAMES):
-        parser.error(f"unknown image(s): {' '.join(sorted(set(args.names) - set(NAMES)))}")
+    if set(args.names) - set(choices):
+        parser.error(f"unknown image(s): {' '.join(sorted(set(args.names) - set(choices)))}")
     missing = missing_tools() if args.no_install else install_tools()
     if missing:
         print(f"images: missing {' '.join(missing)} (Debian packages of the same names)")
@@ -322,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.socket:
         from .containerd import import_images
 
-        tops = [built[name] for name in NAMES if name in built]
+        tops = [built[name] for name in choices if name in built]
         for ref in import_images(tops, args.socket, namespace=args.namespace):
             print(f"imported {ref}")
     return 0

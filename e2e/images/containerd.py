@@ -21,10 +21,16 @@ from typing import Protocol
 
 
 class Archived(Protocol):
-    """What build.Built offers: a local tag and the docker-archive that carries it."""
+    """What build.Built offers: a local tag, the key of its inputs, the archive that carries it."""
 
     ref: str
+    key: str
     archive: Path | None
+
+
+KEY_LABEL = "boomerang.dev/build-key"
+"""Set on each imported image: a containerd that keeps its store between runs (the real node's)
+already holds an image whose label matches the build's key, and its import is skipped."""
 
 
 CHART_VALUES = Path(__file__).resolve().parents[2] / "charts" / "boomerang" / "values.yaml"
@@ -53,7 +59,8 @@ def import_images(
     timeout_s: float = 1200.0,
 ) -> list[str]:
     """Imports each image's archive through the containerd at `address` into `namespace`;
-    returns the names it now has there. `snapshotter` must match the CRI plugin's (containerd's
+    returns the names it now has there. An image it already holds with the build's key (see
+    KEY_LABEL) is not imported again. `snapshotter` must match the CRI plugin's (containerd's
     default, overlayfs, when None)."""
     binary = ctr or shutil.which("ctr")
     if binary is None:
@@ -63,16 +70,28 @@ def import_images(
     for image in images:
         if image.archive is None:
             raise ValueError(f"{image.ref} has no archive to import")
-        cmd = [*base, "images", "import"]
-        if snapshotter:
-            cmd += ["--snapshotter", snapshotter]
-        subprocess.run([*cmd, str(image.archive)], check=True, timeout=timeout_s)
+        if held_key(base, image.ref) != image.key:
+            cmd = [*base, "images", "import"]
+            if snapshotter:
+                cmd += ["--snapshotter", snapshotter]
+            subprocess.run([*cmd, str(image.archive)], check=True, timeout=timeout_s)
+            label = [*base, "images", "label", image.ref, f"{KEY_LABEL}={image.key}"]
+            subprocess.run(label, check=True, capture_output=True)
         names.append(image.ref)
         if public_names:
             alias = public_name(image.ref)
             subprocess.run([*base, "images", "tag", "--force", image.ref, alias], check=True)
             names.append(alias)
     return names
+
+
+def held_key(base: list[str], ref: str) -> str | None:
+    """The build key of the image `ref` that containerd holds, if it holds one."""
+    out = subprocess.run(
+        [*base, "images", "ls", f"name=={ref}"], capture_output=True, text=True, check=False
+    ).stdout
+    match = re.search(re.escape(KEY_LABEL) + r"=([0-9a-f]+)", out)
+    return match[1] if match else None
 
 
 def listed(address: str | os.PathLike[str], namespace: str = "k8s.io") -> list[str]:
