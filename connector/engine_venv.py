@@ -45,35 +45,49 @@ def _script(route: str | None, check: bool) -> Path | None:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
-SYSTEM_LIBRARIES = {"libnuma.so.1": "libnuma1"}
-"""Shared libraries vLLM's CPU kernels link against that no wheel carries (library -> Debian
-package). Without libnuma, `vllm._C_AVX2` fails to load and the engine's worker dies at start.
-The connector image's stand-in base (e2e/images/vllm-cpu.Containerfile) installs the same."""
+SYSTEM_NEEDS = {
+    "libnuma.so.1": "libnuma1",
+    "g++": "g++",
+    "Python.h": "python3-dev",
+}
+"""What vLLM's CPU engine takes from the system, which no wheel carries (-> its Debian package).
+vLLM's CPU kernels (`vllm._C_AVX2`) link against libnuma: without it the worker dies at start.
+torch's inductor compiles the sampler's logprob kernels (`torch.compile`) with the system's C++
+compiler against Python's headers: without them the first request asking for logprobs kills the
+engine. The connector image's stand-in base (e2e/images/vllm-cpu.Containerfile) installs the
+same packages; vLLM's own images have them."""
 
 
-def missing_libraries() -> list[str]:
-    """The SYSTEM_LIBRARIES the dynamic linker cannot find."""
+def _present(need: str) -> bool:
     import ctypes
+    import sysconfig
 
-    missing = []
-    for library in SYSTEM_LIBRARIES:
+    if need.endswith(".h"):
+        return (Path(sysconfig.get_paths()["include"]) / need).is_file()
+    if ".so" in need:
         try:
-            ctypes.CDLL(library)
+            ctypes.CDLL(need)
         except OSError:
-            missing.append(library)
-    return missing
+            return False
+        return True
+    return shutil.which(need) is not None
 
 
-def ensure_system_libraries() -> None:
-    """Installs the missing SYSTEM_LIBRARIES' packages where that is possible (root, apt-get);
+def missing_system_needs() -> list[str]:
+    """The SYSTEM_NEEDS this machine lacks."""
+    return [need for need in SYSTEM_NEEDS if not _present(need)]
+
+
+def ensure_system_needs() -> None:
+    """Installs the missing SYSTEM_NEEDS' packages where that is possible (root, apt-get);
     raises with the package names otherwise."""
-    missing = missing_libraries()
-    packages = sorted({SYSTEM_LIBRARIES[lib] for lib in missing})
+    missing = missing_system_needs()
+    packages = sorted({SYSTEM_NEEDS[need] for need in missing})
     if missing and os.geteuid() == 0 and shutil.which("apt-get"):
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
         subprocess.run(["apt-get", "install", "-y", "-qq", *packages], check=True, env=env)
-        missing = missing_libraries()
+        missing = missing_system_needs()
     if missing:
         raise RuntimeError(
             f"vLLM's CPU engine needs {', '.join(missing)}: install {' '.join(packages)} "
@@ -92,7 +106,7 @@ def ensure(route: str | None = None, *, check: bool = False) -> Path | None:
     venv = _script(route, check)
     if venv is not None:
         if not check:
-            ensure_system_libraries()
+            ensure_system_needs()
         link_boomerang(venv)
     return venv
 
