@@ -98,13 +98,14 @@ from importlib.metadata import entry_points
 import torch, vllm, nixl
 import vllm._C_AVX2  # vLLM's CPU kernels: they need libnuma from the system
 from nixl._api import nixl_agent
-import boomerang.connector, boomerang.connector.plugin
+import boomerang.connector, boomerang.connector.engine_venv, boomerang.connector.plugin
 plugins = {ep.name: ep for ep in entry_points(group="vllm.general_plugins")}
 register = plugins["boomerang_stream_params"].load()
 print(json.dumps({
     "python": sys.executable, "vllm": vllm.__file__, "connector": boomerang.connector.__file__,
     "nixl_build": nixl._pkg.__name__, "cuda": torch.version.cuda, "register": callable(register),
     "engine": shutil.which("boomerang-engine"),
+    "missing": boomerang.connector.engine_venv.missing_system_needs(),
 }))
 """
 
@@ -121,6 +122,7 @@ def test_connector_image_has_vllm_nixl_and_the_plugin_in_one_environment(
     prefix = "/opt/vllm/lib/python3.11/site-packages/"
     assert found["vllm"].startswith(prefix) and found["connector"].startswith(prefix)
     assert found["engine"] == "/opt/vllm/bin/boomerang-engine"
+    assert found["missing"] == []  # libnuma, g++ and Python's headers (engine_venv.SYSTEM_NEEDS)
     # NIXL's loader picks the build matching torch's CUDA: the CUDA 12 one for a CPU torch.
     assert found["nixl_build"] == ("nixl_cu12" if found["cuda"] is None else "nixl_cu13")
 
