@@ -15,9 +15,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -27,6 +28,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from boomerang.connector.config import ROLES
 from boomerang.router.config import default_handle_ttl
 
 GROUP = "boomerang.dev"
@@ -44,20 +46,74 @@ IMAGE_TAG = "0.1.0"
 DEFAULT_ENGINE_IMAGE = f"{IMAGE_REGISTRY}/connector:{IMAGE_TAG}"
 DEFAULT_ROUTER_IMAGE = f"{IMAGE_REGISTRY}/router:{IMAGE_TAG}"
 
+DNS_LABEL_MAX = 63
+"""Kubernetes' limit on a DNS label: Service and StatefulSet names, pod hostnames, label values."""
+DNS_SUBDOMAIN_MAX = 253
+"""Kubernetes' limit on the other names (ConfigMaps, Deployments, RBAC, policies)."""
+INT32_MAX = 2**31 - 1
+"""StatefulSets' and Deployments' replica counts are int32s."""
+STATEFULSET_SUFFIX_MAX = len(f"-{INT32_MAX - 1}")
+"""The most Kubernetes appends to a StatefulSet's name, 11 characters: its pods are named
+`<statefulset>-<ordinal>` (ordinals below replicas <= INT32_MAX have 10 digits at most), and are
+labelled `controller-revision-hash: <statefulset>-<hash>` (a 32-bit hash, encoded in at most 10
+characters). Both must stay DNS labels: a pod's name is its hostname and a label value."""
+_STATEFULSET_SUFFIXES = tuple(f"-{role}" for role in ROLES)
+_SERVICE_SUFFIXES = (*_STATEFULSET_SUFFIXES, "-router")
+CHILD_SUFFIXES = (*_SERVICE_SUFFIXES, "-engines")
+"""What the operator appends to the resource's name for its children (`render.child_name`): the
+roles' StatefulSets and headless Services, the router's objects, the engines' NetworkPolicy."""
+MAX_NAME_LENGTH = min(
+    DNS_LABEL_MAX,  # the name itself is a label value (app.kubernetes.io/instance)
+    DNS_LABEL_MAX - max(map(len, _SERVICE_SUFFIXES)),  # Services: 63 - 8 = 55
+    DNS_LABEL_MAX - max(map(len, _STATEFULSET_SUFFIXES)) - STATEFULSET_SUFFIX_MAX,  # 63-8-11
+    DNS_SUBDOMAIN_MAX - max(map(len, CHILD_SUFFIXES)),  # everything else: 253 - 8 = 245
+)
+"""The longest `metadata.name` whose children all fit: 44, set by the prefill StatefulSet's pods
+and revision labels (63 - len("-prefill") - 11). Longer names are refused at admission
+(`NAME_RULES`): the API server would otherwise admit them, and then refuse some children only."""
+
 _DURATION_RE = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
-_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_PART = re.compile(r"([0-9]+)(?:\.([0-9]+))?(ms|s|m|h)")
+NS_PER_S = 10**9
+_UNIT_NS = {"ms": 10**6, "s": NS_PER_S, "m": 60 * NS_PER_S, "h": 3600 * NS_PER_S}
+MAX_DURATION_NS = 2**63 - 1
+"""Go's (and so CEL's) longest duration, about 292 years: longer ones fail to parse there."""
 _QUANTITY_RE = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]"
     r"|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
 
 
-def parse_duration(value: str) -> float:
-    """Seconds in a Go-style duration (`480s`, `8m`, `1h30m`), as CEL's `duration()` reads it."""
+def duration_ns(value: str) -> int:
+    """Nanoseconds in a Go-style duration (`480s`, `8m`, `1h30m`), as CEL's `duration()` reads it.
+
+    Computed the way Go's `time.ParseDuration` (which CEL calls) does, down to its float rounding
+    of fractions and its overflow error, so that a rule comparing durations gives the same answer
+    here and in the API server, even at its bounds.
+    """
     if not re.fullmatch(_DURATION_RE, value):
         raise ValueError(f"invalid duration {value!r}: use a number with ms, s, m or h, e.g. 480s")
-    return sum(float(n) * _UNIT_SECONDS[u] for n, u in _DURATION_PART.findall(value))
+    total = 0
+    for whole, fraction, unit in _DURATION_PART.findall(value):
+        total += int(whole) * _UNIT_NS[unit] + _fraction_ns(fraction, _UNIT_NS[unit])
+    if total > MAX_DURATION_NS:
+        raise ValueError(f"invalid duration {value!r}: longer than Kubernetes allows (292 years)")
+    return total
+
+
+def _fraction_ns(digits: str, unit_ns: int) -> int:
+    """Go's `leadingFraction`: the digits that fit an int64 count, then one float64 product."""
+    numerator, scale = 0, 1.0
+    for digit in digits:
+        if numerator > MAX_DURATION_NS // 10 or numerator * 10 + int(digit) > 2**63:
+            break
+        numerator, scale = numerator * 10 + int(digit), scale * 10
+    return int(float(numerator) * (float(unit_ns) / scale)) if numerator else 0
+
+
+def parse_duration(value: str) -> float:
+    """Seconds in a Go-style duration (see `duration_ns`)."""
+    return duration_ns(value) / NS_PER_S
 
 
 def format_duration(seconds: float) -> str:
@@ -100,6 +156,77 @@ FreeFormList = Annotated[
             "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
         }
     ),
+]
+
+
+def _open_object(description: str | None, **properties: dict[str, Any]) -> dict[str, Any]:
+    """A part of a Kubernetes object: the fields named here are typed, any other is kept."""
+    node: dict[str, Any] = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    if description:
+        node["description"] = description
+    return {**node, "properties": properties}
+
+
+def _by_name(description: str, **properties: dict[str, Any]) -> dict[str, Any]:
+    name = {"type": "string", "description": "Merge key: replaces the generated item of this name."}
+    item = _open_object(None, name=name, **properties)
+    return {"type": "array", "description": description, "items": item}
+
+
+def _strings(description: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": description,
+        "additionalProperties": {"type": "string"},
+    }
+
+
+_POD_TEMPLATE_SCHEMA = _open_object(
+    None,
+    metadata=_open_object(
+        "Pod metadata.",
+        labels=_strings("Extra pod labels."),
+        annotations=_strings("Extra pod annotations."),
+    ),
+    spec=_open_object(
+        "Pod spec fields.",
+        containers=_by_name(
+            "Containers, merged by name with the generated ones.",
+            env=_by_name("Env, merged by name."),
+            ports=_by_name("Ports, merged by name."),
+            volumeMounts=_by_name("Volume mounts, merged by name."),
+        ),
+        volumes=_by_name("Volumes, merged by name with the generated ones."),
+    ),
+)
+"""What the builders' deep merge (merge.py) reads in a pod template override: the mappings it
+writes into and the names it merges lists by. Everything else passes through untyped."""
+
+
+def _conform(value: Any, schema: dict[str, Any], path: str) -> None:
+    """Raise unless `value` has the types `schema` names, as the API server checks them."""
+    kind = schema["type"]
+    if not isinstance(value, {"object": dict, "array": list, "string": str}[kind]):
+        raise ValueError(f"{path} must be of type {kind}")
+    if kind == "array":
+        for i, item in enumerate(value):
+            _conform(item, schema["items"], f"{path}[{i}]")
+    elif kind == "object":
+        for key, item in value.items():
+            sub = schema.get("properties", {}).get(key, schema.get("additionalProperties"))
+            if sub is not None:
+                _conform(item, sub, f"{path}.{key}")
+
+
+def _check_pod_template(value: dict[str, Any]) -> dict[str, Any]:
+    _conform(value, _POD_TEMPLATE_SCHEMA, "podTemplate")
+    return value
+
+
+PodTemplate = Annotated[
+    dict[str, Any],
+    AfterValidator(_check_pod_template),
+    WithJsonSchema(_POD_TEMPLATE_SCHEMA),
 ]
 
 
@@ -213,7 +340,7 @@ class RoleResources(_Model):
 class RoleSpec(_Model):
     """One role (prefill or decode): a StatefulSet with a headless Service."""
 
-    replicas: int = Field(1, description="Number of engine pods in this role.", ge=1)
+    replicas: int = Field(1, description="Number of engine pods in this role.", ge=1, le=INT32_MAX)
     tensor_parallel_size: int = Field(1, description="Tensor parallel size per pod.", ge=1)
     resources: RoleResources = Field(
         default_factory=lambda: RoleResources(), description="Compute, GPUs, EFA, hugepages."
@@ -239,9 +366,10 @@ class RoleSpec(_Model):
         None,
         description="ServiceAccount of the engine pods, e.g. one with an IAM role (IRSA) for "
         "s3:// models. Its token is mounted only when this is set.",
+        min_length=1,
         max_length=253,
     )
-    pod_template: FreeForm = Field(
+    pod_template: PodTemplate = Field(
         default_factory=dict,
         description=(
             "Escape hatch: a partial PodTemplateSpec deep-merged over the generated one "
@@ -284,7 +412,7 @@ class StoreSpec(_Model):
     type: Literal["memory", "redis"] = Field(
         "memory", description="memory (one router replica's own) or redis (shared by replicas)."
     )
-    url: str | None = Field(None, description="Redis URL, e.g. redis://redis:6379/0.")
+    url: str | None = Field(None, description="Redis URL, e.g. redis://redis:6379/0.", min_length=1)
     url_secret_ref: SecretKeyRef | None = Field(
         None, description="Secret key holding the Redis URL (preferred over url)."
     )
@@ -325,7 +453,7 @@ class ContainerResources(_Model):
 class RouterSpec(_Model):
     """The KV-cache-aware router in front of the engines."""
 
-    replicas: int = Field(2, description="Router pods.", ge=1)
+    replicas: int = Field(2, description="Router pods.", ge=1, le=INT32_MAX)
     image: str = Field(DEFAULT_ROUTER_IMAGE, description="Router image.", min_length=1)
     resources: ContainerResources = Field(
         default_factory=lambda: ContainerResources(), description="Router container resources."
@@ -352,7 +480,7 @@ class RouterSpec(_Model):
     tolerations: FreeFormList = Field(
         default_factory=list, description="Kubernetes tolerations of the router pods."
     )
-    pod_template: FreeForm = Field(
+    pod_template: PodTemplate = Field(
         default_factory=dict,
         description="Escape hatch: a partial PodTemplateSpec deep-merged over the router's.",
     )
@@ -364,6 +492,7 @@ class PlacementSpec(_Model):
     topology_key: str | None = Field(
         None,
         description="Node label grouping close nodes, e.g. topology.k8s.aws/network-node-layer-3.",
+        min_length=1,
     )
     required: bool = Field(
         False, description="Require (not just prefer) P and D in one topology domain."
@@ -412,21 +541,24 @@ class DisaggregatedDeploymentSpec(_Model):
         return float(default_handle_ttl(parse_duration(self.kv_transfer.decoder_blocks_ttl)))
 
 
+T = TypeVar("T")
+
+
 @dataclass(frozen=True)
-class Rule:
-    """A cross-field rule: CEL for the API server, the same check in Python, one message."""
+class Rule(Generic[T]):
+    """A validation rule: CEL for the API server, the same check in Python, one message."""
 
     cel: str
     message: str
     field_path: str
-    check: Callable[[DisaggregatedDeploymentSpec], bool]
+    check: Callable[[T], bool]
 
 
 def _router_ttl_ok(s: DisaggregatedDeploymentSpec) -> bool:
     if s.router.conversation_ttl is None:
         return True
-    ttl = parse_duration(s.router.conversation_ttl)
-    return ttl + 5 < parse_duration(s.kv_transfer.decoder_blocks_ttl)
+    ttl = duration_ns(s.router.conversation_ttl)
+    return ttl + 5 * NS_PER_S < duration_ns(s.kv_transfer.decoder_blocks_ttl)
 
 
 INTERNAL_LB_ANNOTATIONS = (
@@ -436,7 +568,16 @@ INTERNAL_LB_ANNOTATIONS = (
 """What makes an AWS load balancer internal (the AWS Load Balancer Controller's annotation,
 and the in-tree cloud provider's); any other LoadBalancer Service is internet-facing."""
 
-RULES: tuple[Rule, ...] = (
+RULES: tuple[Rule[DisaggregatedDeploymentSpec], ...] = (
+    Rule(
+        cel="!has(self.router.conversationTTL) || "
+        "duration(self.router.conversationTTL) > duration('0s')",
+        message="spec.router.conversationTTL must be positive",
+        field_path=".router.conversationTTL",
+        check=lambda s: (
+            s.router.conversation_ttl is None or duration_ns(s.router.conversation_ttl) > 0
+        ),
+    ),
     Rule(
         cel="!has(self.router.conversationTTL) || duration(self.router.conversationTTL) "
         "+ duration('5s') < duration(self.kvTransfer.decoderBlocksTTL)",
@@ -449,13 +590,13 @@ RULES: tuple[Rule, ...] = (
         cel="duration(self.kvTransfer.decoderBlocksTTL) >= duration('30s')",
         message="spec.kvTransfer.decoderBlocksTTL must be at least 30s",
         field_path=".kvTransfer.decoderBlocksTTL",
-        check=lambda s: parse_duration(s.kv_transfer.decoder_blocks_ttl) >= 30,
+        check=lambda s: duration_ns(s.kv_transfer.decoder_blocks_ttl) >= 30 * NS_PER_S,
     ),
     Rule(
         cel="duration(self.kvTransfer.leaseDuration) >= duration('1s')",
         message="spec.kvTransfer.leaseDuration must be at least 1s",
         field_path=".kvTransfer.leaseDuration",
-        check=lambda s: parse_duration(s.kv_transfer.lease_duration) >= 1,
+        check=lambda s: duration_ns(s.kv_transfer.lease_duration) >= NS_PER_S,
     ),
     Rule(
         cel="(self.prefill.resources.efa == 0 && self.decode.resources.efa == 0) || "
@@ -528,6 +669,26 @@ RULES: tuple[Rule, ...] = (
         check=lambda s: s.decode.resources.gpus % s.decode.tensor_parallel_size == 0,
     ),
 )
+
+_DNS_1035_LABEL = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+NAME_RULES: tuple[Rule[str], ...] = (
+    Rule(
+        cel=f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
+        message=f"metadata.name must be at most {MAX_NAME_LENGTH} characters (its StatefulSets' "
+        f"pod names and labels add {DNS_LABEL_MAX - MAX_NAME_LENGTH} and must fit in 63)",
+        field_path=".metadata.name",
+        check=lambda name: len(name) <= MAX_NAME_LENGTH,
+    ),
+    Rule(
+        cel=f"self.metadata.name.matches('{_DNS_1035_LABEL}')",
+        message="metadata.name must start with a letter and contain no dots: it names "
+        "Services, which are DNS-1035 labels",
+        field_path=".metadata.name",
+        check=lambda name: re.fullmatch(_DNS_1035_LABEL, name) is not None,
+    ),
+)
+"""Rules on the resource's own name, which the API server checks at the schema's root."""
 
 
 class RoleStatus(_Model):
@@ -622,6 +783,13 @@ class DisaggregatedDeployment(_Model):
     # Status is the operator's own output: it is read back as plain data, never re-validated,
     # so a status written by an older operator version can never block a reconcile.
     status: FreeForm | None = Field(None, description="Observed state.")
+
+    @model_validator(mode="after")
+    def _name_rules(self) -> DisaggregatedDeployment:
+        failed = [rule.message for rule in NAME_RULES if not rule.check(self.name)]
+        if failed:
+            raise ValueError("; ".join(failed))
+        return self
 
     @property
     def name(self) -> str:

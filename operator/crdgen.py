@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +72,10 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         required = set(out.get("required", []))
         for name, prop in out["properties"].items():
             optional_object = name not in required and prop.get("type") == "object"
-            if optional_object and "properties" in prop and not prop.get("required"):
+            # A partial Kubernetes object (a pod template override) holds no defaults of ours.
+            partial = prop.get("x-kubernetes-preserve-unknown-fields")
+            ours = "properties" in prop and not prop.get("required") and not partial
+            if optional_object and ours:
                 prop.setdefault("default", {})
     if "enum" in out and "type" not in out:
         out["type"] = "string"
@@ -84,18 +88,22 @@ def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
     return dict(_structural(raw, raw.get("$defs", {})))
 
 
-def crd() -> dict[str, Any]:
-    """The full CustomResourceDefinition object."""
-    spec = openapi_schema(api.DisaggregatedDeploymentSpec)
-    spec["x-kubernetes-validations"] = [
+def _validations(rules: Sequence[api.Rule[Any]]) -> list[dict[str, str]]:
+    return [
         {
             "rule": r.cel,
             "message": r.message,
             "fieldPath": r.field_path,
             "reason": "FieldValueInvalid",
         }
-        for r in api.RULES
+        for r in rules
     ]
+
+
+def crd() -> dict[str, Any]:
+    """The full CustomResourceDefinition object."""
+    spec = openapi_schema(api.DisaggregatedDeploymentSpec)
+    spec["x-kubernetes-validations"] = _validations(api.RULES)
     status = openapi_schema(api.DisaggregatedDeploymentStatus)
     schema = {
         "type": "object",
@@ -104,10 +112,13 @@ def crd() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string", "description": "API version."},
             "kind": {"type": "string", "description": "Kind."},
-            "metadata": {"type": "object"},
+            # Naming `name` lets the root's rules on it point their fieldPath at it.
+            "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
             "spec": spec,
             "status": status,
         },
+        # Only rules at the root can read metadata.name (of metadata, only it and generateName).
+        "x-kubernetes-validations": _validations(api.NAME_RULES),
     }
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -197,8 +208,9 @@ def reference_markdown() -> str:
     lines = ["| field | type | default | description |", "|---|---|---|---|"]
     lines += _rows(spec, "spec")
     lines.append("")
-    lines.append("Cross-field rules, enforced at admission (CEL) and by the operator:")
+    lines.append("Rules enforced at admission (CEL) and by the operator:")
     lines.append("")
+    lines += [f"- {rule.message}" for rule in api.NAME_RULES]
     lines += [f"- {rule.message}" for rule in api.RULES]
     return "\n".join(lines)
 

@@ -31,6 +31,8 @@ from boomerang.operator.status import KSTATUS_MIRRORS, compute_status, condition
 log = logging.getLogger(__name__)
 
 Event = tuple[str, str, str]  # (Normal|Warning, reason, message)
+_MESSAGE_MAX = 1000
+"""Failure messages in conditions are cut to this, to stay readable in `kubectl describe`."""
 
 
 @dataclass
@@ -51,11 +53,13 @@ def reconcile(
     """
     try:
         dd = DisaggregatedDeployment.model_validate(dict(body))
+        prefill, decode = _read_engine(dd, kube, "prefill"), _read_engine(dd, kube, "decode")
+        # The builders validate too (the router's own config): a spec they refuse is invalid.
+        children = desired_children(dd, decode_held=rollout.decode_held(dd, prefill, decode))
     except ValidationError as exc:
         return _invalid(body, kube, now, exc)
-    error = None
-    prefill, decode = _read_engine(dd, kube, "prefill"), _read_engine(dd, kube, "decode")
-    for obj in desired_children(dd, decode_held=rollout.decode_held(dd, prefill, decode)):
+    failed: dict[str, str] = {}
+    for obj in children:
         kind, name = obj["kind"], obj["metadata"]["name"]
         try:
             kube.apply(obj)
@@ -64,8 +68,22 @@ def reconcile(
                 log.info("Skipped reconcile name=%s reason=namespace terminating", dd.name)
                 return Outcome(status=dict(body.get("status") or {}))
             log.warning("Failed to apply %s name=%s reason=%s", kind, name, exc.reason)
-            error = error or f"applying {kind} {name}: {exc.reason}"
-    return refresh_status(body, kube, now, gate, error=error, full=True)
+            failed[f"{kind} {name}"] = exc.reason
+    return refresh_status(body, kube, now, gate, error=_apply_error(failed, children), full=True)
+
+
+def _apply_error(failed: Mapping[str, str], children: list[dict[str, Any]]) -> str | None:
+    """Every child not applied, by name: the others were, so the set is only half there.
+
+    Names come before reasons, so a message cut to length still says which children are missing.
+    """
+    if not failed:
+        return None
+    reasons = "; ".join(f"{child}: {reason}" for child, reason in failed.items())
+    message = (
+        f"{len(failed)} of {len(children)} children not applied: {', '.join(failed)} ({reasons})"
+    )
+    return message[:_MESSAGE_MAX]
 
 
 def refresh_status(
@@ -98,7 +116,10 @@ def _refresh(key: tuple[str, str], kube: KubeAPI, now: str, gate: StatusGate) ->
     owner = kube.get(API_VERSION, KIND, namespace, name)
     if owner is None or owner.get("metadata", {}).get("deletionTimestamp"):
         return Outcome(status={})
-    dd = DisaggregatedDeployment.model_validate(owner)
+    try:
+        dd = DisaggregatedDeployment.model_validate(owner)
+    except ValidationError:  # the full reconcile reports it (InvalidSpec); keep what it wrote
+        return Outcome(status=dict(owner.get("status") or {}))
     previous = owner.get("status") or {}
     observed: dict[str, Mapping[str, Any] | None] = {
         role: _read_engine(dd, kube, role) for role in ROLES
@@ -235,12 +256,17 @@ def _events(previous: Mapping[str, Any], status: Mapping[str, Any]) -> list[Even
     return events
 
 
+def _located(error: Mapping[str, Any]) -> str:
+    """`spec.router.conversationTTL: <why>`; a rule on the whole object names its fields itself."""
+    where = ".".join(str(part) for part in error["loc"])
+    return f"{where}: {error['msg']}" if where else str(error["msg"])
+
+
 def _invalid(body: Mapping[str, Any], kube: KubeAPI, now: str, exc: ValidationError) -> Outcome:
-    """A spec the API server accepted but the model rejects (e.g. an older CRD is installed)."""
+    """A resource the API server accepted but the model or the builders reject (e.g. an older
+    CRD is installed): said in status, never raised, since no retry can fix it."""
     meta = body.get("metadata", {})
-    message = "; ".join(
-        f"spec.{'.'.join(str(p) for p in e['loc'][1:])}: {e['msg']}" for e in exc.errors()
-    )[:1000]
+    message = "; ".join(_located(e) for e in exc.errors())[:_MESSAGE_MAX]
     generation = int(meta.get("generation") or 0)
     conditions = [
         {"type": kind, "status": value, "reason": "InvalidSpec", "message": message,

@@ -13,7 +13,9 @@ from boomerang.operator.merge import deep_merge
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
-INVALID = yaml.safe_load((Path(__file__).parent / "invalid-specs.yaml").read_text())
+INVALID: list[dict[str, Any]] = yaml.safe_load(
+    (Path(__file__).parent / "invalid-specs.yaml").read_text()
+)
 
 
 def manifest(name: str = "minimal") -> dict[str, Any]:
@@ -28,3 +30,24 @@ def deployment(
     data["spec"] = deep_merge(data["spec"], patch or {})
     data["metadata"] = {"namespace": "default", **data["metadata"], **metadata}
     return DisaggregatedDeployment.model_validate(copy.deepcopy(data))
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """`target` with a JSON merge patch (RFC 7386) applied: mappings merge, null removes."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+def invalid_manifest(case: dict[str, Any]) -> dict[str, Any]:
+    """examples/minimal.yaml broken as one case of invalid-specs.yaml says."""
+    data = manifest("minimal")
+    data["spec"] = merge_patch(data["spec"], case.get("patch", {}))
+    data["metadata"] = merge_patch(data["metadata"], case.get("metadata", {}))
+    return data

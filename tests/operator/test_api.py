@@ -5,12 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from dd_testing import EXAMPLES, INVALID, deployment, manifest
+from dd_testing import EXAMPLES, INVALID, deployment, invalid_manifest, manifest
 from pydantic import ValidationError
 
 from boomerang.operator.api import (
+    MAX_DURATION_NS,
+    MAX_NAME_LENGTH,
+    NAME_RULES,
     RULES,
     DisaggregatedDeployment,
+    duration_ns,
     format_duration,
     parse_duration,
 )
@@ -24,22 +28,37 @@ def test_every_sample_is_valid(path: Any) -> None:
 @pytest.mark.parametrize("case", INVALID, ids=lambda c: c["name"])
 def test_bad_spec_is_rejected_naming_the_field(case: dict[str, Any]) -> None:
     with pytest.raises(ValidationError) as err:
-        deployment("minimal", case["patch"])
+        DisaggregatedDeployment.model_validate(invalid_manifest(case))
     text = str(err.value)
     # pydantic names nested fields by their wire (camelCase) path, rules by their full path.
     leaf = case["field"].rsplit(".", 1)[-1]
     assert case["field"] in text or leaf in text, text
+    assert case.get("message", "") in text, text
 
 
-def test_every_cross_field_rule_has_an_invalid_case() -> None:
+def test_every_rule_has_an_invalid_case() -> None:
     messages = []
     for case in INVALID:
         try:
-            deployment("minimal", case["patch"])
+            DisaggregatedDeployment.model_validate(invalid_manifest(case))
         except ValidationError as exc:
             messages.append(str(exc))
-    for rule in RULES:
+    for rule in (*NAME_RULES, *RULES):
         assert any(rule.message in m for m in messages), f"no invalid case for: {rule.message}"
+
+
+def test_the_longest_name_children_fit_is_admitted_and_one_more_is_not() -> None:
+    # a DNS label (63) less the prefill StatefulSet's suffix and its pods' `-<int32 ordinal>`
+    assert MAX_NAME_LENGTH == 44
+    for length, admitted in ((MAX_NAME_LENGTH, True), (MAX_NAME_LENGTH + 1, False)):
+        data = manifest("minimal")
+        data["metadata"]["name"] = "a" * length
+        try:
+            DisaggregatedDeployment.model_validate(data)
+        except ValidationError as exc:
+            assert not admitted and "metadata.name must be at most" in str(exc)
+        else:
+            assert admitted
 
 
 def test_defaults_follow_vllm_and_the_issue() -> None:
@@ -69,6 +88,25 @@ def test_router_ttl_defaults_below_decoder_ttl_with_margin() -> None:
 )
 def test_durations_parse_like_cel(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize(
+    ("text", "ns"),
+    [
+        ("1.5h", 5_400_000_000_000),
+        ("0.1s", 100_000_000),
+        ("1.0000000001s", 1_000_000_000),  # beyond nanoseconds: dropped, as Go does
+        ("29s999ms", 29_999_000_000),
+        ("2562047h47m16.854775807s", MAX_DURATION_NS),
+    ],
+)
+def test_durations_count_nanoseconds_like_go(text: str, ns: int) -> None:
+    assert duration_ns(text) == ns
+
+
+def test_a_duration_go_cannot_hold_is_invalid() -> None:
+    with pytest.raises(ValueError, match="longer than Kubernetes allows"):
+        duration_ns("2562047h47m16.854775808s")
 
 
 def test_duration_round_trip() -> None:

@@ -6,8 +6,10 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+import pytest
 from dd_testing import manifest
 
+from boomerang.operator import reconcile as reconcile_module
 from boomerang.operator.kube import KubeError
 from boomerang.operator.merge import deep_merge
 from boomerang.operator.reconcile import (
@@ -17,6 +19,7 @@ from boomerang.operator.reconcile import (
     reconcile,
     refresh_status,
 )
+from boomerang.router.config import RouterConfig
 
 NOW = "2026-01-01T00:00:00Z"
 
@@ -25,16 +28,19 @@ class MemoryKube:
     """Stores applied objects; workloads report all replicas ready once `ready` is set, else
     none ready and a rollout to the applied template pending."""
 
-    def __init__(self, owner: dict[str, Any], fail_kind: str | None = None) -> None:
+    def __init__(
+        self, owner: dict[str, Any], fail_kind: str | None = None, fail_names: tuple[str, ...] = ()
+    ) -> None:
         self.owner = owner
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.status_writes: list[dict[str, Any]] = []
         self.applied: list[tuple[str, str]] = []
         self.fail_kind = fail_kind
+        self.fail_names = fail_names
         self.ready = False
 
     def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
-        if obj["kind"] == self.fail_kind:
+        if obj["kind"] == self.fail_kind or obj["metadata"]["name"] in self.fail_names:
             raise KubeError("admission webhook denied the request", 403)
         stored = copy.deepcopy(dict(obj))
         stored["metadata"]["generation"] = 1
@@ -181,6 +187,60 @@ def test_a_failing_child_degrades_status_and_the_rest_still_apply() -> None:
     assert degraded["status"] == "True" and "NetworkPolicy" in degraded["message"]
     assert ("StatefulSet", "minimal-prefill") in kube.objects
     assert any(kind == "Warning" for kind, _, _ in outcome.events)
+
+
+def test_a_half_applied_set_of_children_names_every_child_missing() -> None:
+    kube = MemoryKube(body(), fail_names=("minimal-prefill", "minimal-engines"))
+    outcome = reconcile(kube.owner, kube, NOW)
+    conditions = {c["type"]: c for c in outcome.status["conditions"]}
+    degraded, ready = conditions["Degraded"], conditions["Ready"]
+    assert degraded["status"] == "True" and degraded["reason"] == "ReconcileFailed"
+    message = degraded["message"]
+    assert message.startswith("4 of 14 children not applied: "), message
+    for child in (
+        "Service minimal-prefill",
+        "StatefulSet minimal-prefill",
+        "PodDisruptionBudget minimal-prefill",
+        "NetworkPolicy minimal-engines",
+    ):
+        assert child in message, message
+    assert ready["status"] == "False" and ready["message"] == message
+    assert ("Deployment", "minimal-router") in kube.objects  # the rest were applied
+
+
+def test_a_name_too_long_for_the_children_is_reported_not_half_applied() -> None:
+    bad = body()
+    bad["metadata"]["name"] = "d" * 45
+    kube = MemoryKube(bad)
+    outcome = reconcile(bad, kube, NOW)
+    assert kube.objects == {}
+    degraded = next(c for c in outcome.status["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "InvalidSpec"
+    assert degraded["message"].startswith("Value error, metadata.name must be at most 44")
+
+
+def test_a_spec_the_builders_refuse_is_reported_in_status_not_raised(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        RouterConfig.model_validate({"prefill": {"urls": []}})  # raises, as a builder may
+        return []
+
+    monkeypatch.setattr(reconcile_module, "desired_children", refuse)
+    kube = MemoryKube(body())
+    outcome = reconcile(kube.owner, kube, NOW)
+    degraded = next(c for c in outcome.status["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "InvalidSpec" and "prefill" in degraded["message"]
+    assert kube.status_writes and kube.objects == {}
+
+
+def test_an_event_on_an_invalid_resource_keeps_its_status() -> None:
+    kube = MemoryKube(body())
+    kube.owner["spec"]["router"] = {"conversationTTL": "0s"}
+    reconcile(kube.owner, kube, NOW)
+    written = copy.deepcopy(kube.owner["status"])
+    outcome = refresh_status(kube.owner, kube, NOW)
+    assert outcome.status == written and len(kube.status_writes) == 1
 
 
 def test_invalid_spec_is_reported_in_status_not_raised() -> None:
