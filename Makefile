@@ -15,7 +15,7 @@ VENV := $(BOOMERANG_CACHE)/venv-dev-$(DEV_HASH)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: print-venv dev engine tools redis lua node images install-yaml check lint types test unit demo cluster cluster-node crds
+.PHONY: print-venv dev engine tools redis lua prometheus node images install-yaml check lint types test unit demo cluster cluster-node crds
 
 # The cached venv installs this checkout in editable mode; `.done` records which checkout, so a
 # fresh clone (CI) re-points it at its own files before testing them.
@@ -55,6 +55,12 @@ node:
 lua:
 	@command -v lua5.1 >/dev/null || (apt-get update -qq && apt-get install -y -qq lua5.1)
 
+# Prometheus and promtool: the chart's alerts are unit-tested by promtool, and they and the
+# dashboard are run against a real Prometheus scraping the engines (e2e/dataplane).
+prometheus:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
+		(apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus)
+
 # charts/install.yaml: the chart rendered with its defaults (a test keeps it in sync).
 install-yaml: dev tools
 	PYTHONSAFEPATH= $(PY) e2e/install_yaml.py
@@ -79,7 +85,7 @@ unit: dev
 	$(PY) -m pytest -m 'not cluster and not engine and not node' $(PYTEST_ARGS)
 
 # What CI runs: everything, on a fresh machine.
-test: dev redis lua node tools engine lint types
+test: dev redis lua prometheus node tools engine lint types
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 cluster: dev tools

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,12 +25,13 @@ class OperatorProcess:
     kubeconfig: Path
     log: Path
     args: tuple[str, ...] = ("--all-namespaces",)
+    env: Mapping[str, str] = field(default_factory=dict)  # on top of this process's own
     popen: subprocess.Popen[bytes] | None = None
     starts: int = 0
     _log_offset: int = field(default=0, repr=False)
 
     def start(self) -> None:
-        env = dict(os.environ)
+        env = {**os.environ, **self.env}
         env["KUBECONFIG"] = str(self.kubeconfig)
         env["PYTHONSAFEPATH"] = "1"  # never let a cwd `operator/` shadow the stdlib
         env["PYTHONUNBUFFERED"] = "1"

@@ -26,6 +26,26 @@ def test_helm_install_is_deployed_with_the_operator_identity(cluster: Cluster, c
     assert {"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": chart} in subjects
 
 
+def test_operator_runs_two_ready_replicas_under_a_disruption_budget(
+    cluster: Cluster, chart: str
+) -> None:
+    """kwok plays the pods (they run no process), so this proves the objects, not the election:
+    that is test_leader_election.py."""
+    deploy = cluster.get_json("deployment", "boomerang-operator", "-n", chart)
+    assert deploy["status"]["readyReplicas"] == 2
+
+    def both_healthy() -> dict[str, Any] | None:
+        pdb = cluster.get_json("pdb", "boomerang-operator", "-n", chart)
+        return pdb if (pdb.get("status") or {}).get("currentHealthy") == 2 else None
+
+    pdb = wait_until("the PDB to count both replicas", both_healthy, timeout=30)
+    assert pdb["status"]["disruptionsAllowed"] == 1
+    peering = cluster.get_json("clusterkopfpeering", "boomerang-operator")
+    assert peering["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
+    for crd in ("kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"):
+        assert is_true(cluster.get_json("crd", crd), "Established")
+
+
 def test_crd_is_established_with_its_short_name(cluster: Cluster, chart: str) -> None:
     def established() -> dict[str, Any] | None:
         crd = cluster.get_json("crd", DD)
@@ -75,6 +95,9 @@ def test_kubectl_explain_shows_the_api_field_descriptions(
         ("create", "pods", "no"),
         ("create", "clusterrolebindings.rbac.authorization.k8s.io", "no"),
         ("escalate", "roles.rbac.authorization.k8s.io", "no"),
+        ("patch", "clusterkopfpeerings.kopf.dev/boomerang-operator", "yes"),
+        ("patch", "clusterkopfpeerings.kopf.dev/someone-elses", "no"),
+        ("delete", "clusterkopfpeerings.kopf.dev", "no"),
     ],
 )
 def test_operator_identity_gets_what_it_needs_and_no_more(

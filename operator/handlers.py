@@ -4,7 +4,9 @@
 - its StatefulSets and Deployment changing (pods becoming ready, rollouts): `refresh_status()`,
   which also releases decode's held rollout the moment prefill's has finished (rollout.py);
 - any child deleted, or edited by someone else: full `reconcile()` of its owner, so drift is
-  repaired at once rather than at the next timer tick.
+  repaired at once rather than at the next timer tick;
+- the resource deleted: it leaves the operator's metrics (metrics.py), which count every full
+  reconcile and each resource's Ready state.
 Status is computed and written under a per-resource lock from fresh reads (see reconcile.py).
 Progress and diff-base live in annotations, and handlers return nothing, so the status
 subresource holds only the fields the CRD declares.
@@ -13,13 +15,14 @@ subresource holds only the fields the CRD declares.
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
-from boomerang.operator import api, reconcile, render
+from boomerang.operator import api, metrics, reconcile, render
 from boomerang.operator.kube import Kube
 
 log = logging.getLogger(__name__)
@@ -38,6 +41,7 @@ _CHILD_KINDS = [
 _MANAGED = {"app.kubernetes.io/managed-by": render.MANAGER}
 _kube: Kube | None = None
 _gate = reconcile.StatusGate()
+METRICS = metrics.OperatorMetrics()
 
 
 def kube() -> Kube:
@@ -74,8 +78,20 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 def reconcile_resource(body: kopf.Body, **_: Any) -> None:
     if body.metadata.get("deletionTimestamp"):
         return
-    outcome = reconcile.reconcile(body, kube(), _now(), _gate)
-    _post(body, outcome)
+    _post(body, _reconcile(body))
+
+
+def _reconcile(body: Mapping[str, Any]) -> reconcile.Outcome:
+    """One full reconcile, counted in the operator's metrics."""
+    key = metrics.key_of(body)
+    run = functools.partial(reconcile.reconcile, body, kube(), _now(), _gate)
+    return METRICS.reconciled(key, run, lambda: _gate.errors.get(key))
+
+
+@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
+def on_resource_event(event: kopf.RawEvent, **_: Any) -> None:
+    if event["type"] == "DELETED":
+        METRICS.forget(metrics.key_of(event["object"]))
 
 
 def _owner(namespace: str, labels: Mapping[str, str]) -> dict[str, Any] | None:
@@ -103,9 +119,10 @@ def on_child_event(event: kopf.RawEvent, **_: Any) -> None:
     if owner is None:
         return
     if drifted:
-        outcome = reconcile.reconcile(owner, kube(), _now(), _gate)
+        outcome = _reconcile(owner)
     else:
         outcome = reconcile.refresh_status(owner, kube(), _now(), _gate)
+        METRICS.observe_status(metrics.key_of(owner), outcome.status)
     _post(owner, outcome)
 
 

@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -37,31 +38,68 @@ def _helm(helm: Path, *args: str) -> str:
     return result.stdout
 
 
-def _render(helm: Path, *sets: str) -> list[dict[str, Any]]:
-    out = _helm(helm, "template", "boomerang", str(CHART), "-n", "boomerang-system", *sets)
+def _render(helm: Path, *sets: str, release: str = "boomerang") -> list[dict[str, Any]]:
+    out = _helm(helm, "template", release, str(CHART), "-n", "boomerang-system", *sets)
     return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def _one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    [doc] = [d for d in docs if d["kind"] == kind]
+    return doc
+
+
+def _peering_crds() -> dict[tuple[str, str], dict[str, Any]]:
+    """kopf's peering CRDs from the chart's crds/, keyed by (apiVersion, kind) they serve."""
+    crds = yaml.safe_load_all((CHART / "crds" / "kopf-peering.yaml").read_text())
+    return {
+        (f"{c['spec']['group']}/{v['name']}", c["spec"]["names"]["kind"]): c
+        for c in crds
+        for v in c["spec"]["versions"]
+    }
+
+
+def _validate(doc: dict[str, Any]) -> None:
+    """Kubernetes' own kinds against Kubernetes' schemas; kopf's peering objects against the
+    CRDs the chart ships for them."""
+    crd = _peering_crds().get((doc["apiVersion"], doc["kind"]))
+    if crd is None:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        return
+    [version] = crd["spec"]["versions"]
+    schema = version["schema"]["openAPIV3Schema"]
+    assert set(doc) <= {"apiVersion", "kind", "metadata", *schema["properties"]}
+    jsonschema.validate(doc, schema)
+    assert (crd["spec"]["scope"] == "Namespaced") == ("namespace" in doc["metadata"])
 
 
 def test_chart_lints_strictly(helm: Path) -> None:
     _helm(helm, "lint", "--strict", str(CHART))
 
 
+DEFAULT_KINDS = [
+    "ClusterKopfPeering", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+    "Deployment", "PodDisruptionBudget", "ServiceAccount",
+]  # fmt: skip
+NAMESPACED_KINDS = [
+    "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment", "KopfPeering",
+    "KopfPeering", "PodDisruptionBudget", "Role", "Role", "RoleBinding", "RoleBinding",
+    "ServiceAccount",
+]  # fmt: skip
+TEAMS = ("--set", "watchNamespaces={team-a,team-b}")
+
+
 @pytest.mark.parametrize(
-    "sets",
-    [(), ("--set", "watchNamespaces={team-a,team-b}", "--set", "verbose=true")],
+    ("sets", "kinds"),
+    [((), DEFAULT_KINDS), ((*TEAMS, "--set", "verbose=true"), NAMESPACED_KINDS)],
     ids=["defaults", "namespaced"],
 )
 def test_rendered_objects_validate_against_kubernetes_schemas(
-    helm: Path, sets: tuple[str, ...]
+    helm: Path, sets: tuple[str, ...], kinds: list[str]
 ) -> None:
     docs = _render(helm, *sets)
-    kinds = sorted(d["kind"] for d in docs)
-    assert kinds == [
-        "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment",
-        "ServiceAccount",
-    ]  # fmt: skip
+    assert sorted(d["kind"] for d in docs) == kinds
     for doc in docs:
-        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        _validate(doc)
 
 
 def test_chart_crd_is_the_generated_one_and_survives_uninstall(helm: Path) -> None:
@@ -107,7 +145,10 @@ def test_every_default_image_is_the_published_one_of_this_release(helm: Path) ->
     import tomllib
 
     from boomerang.operator.api import (
-        DEFAULT_ENGINE_IMAGE, DEFAULT_ROUTER_IMAGE, IMAGE_REGISTRY, IMAGE_TAG,
+        DEFAULT_ENGINE_IMAGE,
+        DEFAULT_ROUTER_IMAGE,
+        IMAGE_REGISTRY,
+        IMAGE_TAG,
         DisaggregatedDeployment,
     )  # fmt: skip
 
@@ -136,3 +177,143 @@ def test_one_registry_value_moves_the_operator_image(
     helm: Path, sets: tuple[str, ...], image: str
 ) -> None:
     assert _operator_image(_render(helm, *sets)).startswith(image)
+
+
+def _container(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return dict(_one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0])
+
+
+def test_defaults_run_two_replicas_that_elect_a_leader_through_kopf_peering(helm: Path) -> None:
+    docs = _render(helm)
+    deploy = _one(docs, "Deployment")
+    assert deploy["spec"]["replicas"] == 2
+    assert deploy["spec"]["strategy"]["type"] == "RollingUpdate"
+    container = _container(docs)
+    peering = _one(docs, "ClusterKopfPeering")
+    assert f"--peering={peering['metadata']['name']}" in container["args"]
+    assert "--all-namespaces" in container["args"]
+    [pod_name] = [e for e in container["env"] if e["name"] == "POD_NAME"]
+    assert pod_name["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    # Ready is alive (a paused standby counts as available), not "is the leader".
+    assert container["readinessProbe"]["httpGet"] == container["livenessProbe"]["httpGet"]
+    assert container["readinessProbe"]["httpGet"]["port"] == "health"
+    pdb = _one(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    pod_labels = deploy["spec"]["template"]["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+
+
+def test_peering_crds_are_created_before_the_peering_object(helm: Path) -> None:
+    """Helm installs crds/ before rendering templates: in templates/ beside the peering object,
+    the install would fail (no mapping for its kind yet)."""
+    crds = _peering_crds()
+    assert {k: c["spec"]["scope"] for k, c in crds.items()} == {
+        ("kopf.dev/v1", "ClusterKopfPeering"): "Cluster",
+        ("kopf.dev/v1", "KopfPeering"): "Namespaced",
+    }
+    plain = [d["kind"] for d in _render(helm)]
+    assert "ClusterKopfPeering" in plain and "CustomResourceDefinition" in plain
+    with_crds = _render(helm, "--include-crds")
+    names = {d["metadata"]["name"] for d in with_crds if d["kind"] == "CustomResourceDefinition"}
+    assert {"kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"} <= names
+    for crd in crds.values():
+        kubernetes_validate.validate(crd, K8S_VERSION, strict=True)
+
+
+def _rules(role: dict[str, Any]) -> list[tuple[str, str, str]]:
+    return sorted(
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    )
+
+
+def test_namespaced_install_grants_workloads_only_in_the_watched_namespaces(helm: Path) -> None:
+    docs = _render(helm, *TEAMS)
+    roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role"}
+    bindings = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "RoleBinding"}
+    assert set(roles) == set(bindings) == {"team-a", "team-b"}
+    sa = _one(docs, "ServiceAccount")["metadata"]
+    for namespace, binding in bindings.items():
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": roles[namespace]["metadata"]["name"],
+        }
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": sa["name"], "namespace": sa["namespace"]}
+        ]
+    granted = _rules(roles["team-a"])
+    for resource in ("statefulsets", "deployments", "services", "rolebindings"):
+        assert any(r == resource and v == "patch" for _, r, v in granted), resource
+    assert ("kopf.dev", "kopfpeerings", "patch") in granted
+    # Cluster-wide: reading the CRDs and namespaces, which kopf needs; nothing else.
+    cluster_role = _one(docs, "ClusterRole")
+    assert {(g, r) for g, r, _ in _rules(cluster_role)} == {
+        ("apiextensions.k8s.io", "customresourcedefinitions"),
+        ("", "namespaces"),
+    }
+    assert {v for _, _, v in _rules(cluster_role)} == {"get", "list", "watch"}
+    # One peering object per watched namespace: kopf heartbeats where it watches.
+    peerings = [d for d in docs if d["kind"] == "KopfPeering"]
+    assert sorted(p["metadata"]["namespace"] for p in peerings) == ["team-a", "team-b"]
+    container = _container(docs)
+    assert f"--peering={peerings[0]['metadata']['name']}" in container["args"]
+    assert {"--namespace=team-a", "--namespace=team-b"} <= set(container["args"])
+
+
+def test_cluster_wide_and_namespaced_installs_grant_the_same_workload_rules(helm: Path) -> None:
+    cluster_wide = set(_rules(_one(_render(helm), "ClusterRole")))
+    namespaced = set(_rules(next(d for d in _render(helm, *TEAMS) if d["kind"] == "Role")))
+    kopf = {"clusterkopfpeerings", "customresourcedefinitions", "kopfpeerings"}
+    assert {r for r in cluster_wide if r[1] not in kopf} == {
+        r for r in namespaced if r[1] not in kopf
+    }
+
+
+def test_leader_election_off_is_one_standalone_replica(helm: Path) -> None:
+    docs = _render(helm, "--set", "leaderElection.enabled=false", "--set", "replicaCount=1")
+    kinds = {d["kind"] for d in docs}
+    assert not kinds & {"ClusterKopfPeering", "KopfPeering", "PodDisruptionBudget"}
+    deploy = _one(docs, "Deployment")
+    assert deploy["spec"]["replicas"] == 1
+    assert deploy["spec"]["strategy"]["type"] == "Recreate"
+    assert not any(a.startswith("--peering") for a in _container(docs)["args"])
+    assert not any(r[0] == "kopf.dev" for r in _rules(_one(docs, "ClusterRole")))
+
+
+def test_two_standalone_replicas_are_refused(helm: Path) -> None:
+    result = subprocess.run(
+        [str(helm), "template", "x", str(CHART), "--set", "leaderElection.enabled=false"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "replicaCount > 1 needs leaderElection.enabled" in result.stderr
+
+
+def test_two_releases_claim_no_common_cluster_scoped_object(helm: Path) -> None:
+    """A second, namespaced release (one per team) installs beside the default one."""
+
+    def cluster_scoped(docs: list[dict[str, Any]]) -> set[tuple[str, str]]:
+        skip = {"CustomResourceDefinition"}  # the CRD is shared: the second leaves it out
+        return {
+            (d["kind"], d["metadata"]["name"])
+            for d in docs
+            if "namespace" not in d["metadata"] and d["kind"] not in skip
+        }
+
+    first = cluster_scoped(_render(helm))
+    second = cluster_scoped(_render(helm, *TEAMS, release="team"))
+    assert first and second and not first & second
+
+
+def test_values_schema_rejects_a_namespace_pattern(helm: Path) -> None:
+    """Roles need exact namespaces: kopf's globs cannot be granted to."""
+    result = subprocess.run(
+        [str(helm), "template", "x", str(CHART), "--set", "watchNamespaces={team-*}"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "watchNamespaces" in result.stderr

@@ -220,8 +220,12 @@ def test_router_can_only_read_endpointslices() -> None:
     ]  # fmt: skip
 
 
-def test_engines_accept_traffic_only_from_their_own_deployment() -> None:
+def test_engines_accept_traffic_only_from_their_own_deployment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("BOOMERANG_PROMETHEUS_NAMESPACE", raising=False)
     policy = _find(_children(), "NetworkPolicy", "-engines")
+    assert len(policy["spec"]["ingress"]) == 1
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     peers = policy["spec"]["ingress"][0]["from"]
     assert peers == [{"podSelector": {"matchLabels": {render.LABEL_DEPLOYMENT: "minimal"}}}]
@@ -330,3 +334,23 @@ def test_a_load_balancer_is_admitted_when_keyed_internal_or_explicitly_open(rout
     assert _find(_children(patch={"router": router}), "Service", "-router")["spec"]["type"] == (
         "LoadBalancer"
     )
+
+
+def test_engines_admit_the_prometheus_namespace_to_their_http_port_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from boomerang.operator.policy import PROMETHEUS_NAMESPACE_ENV
+
+    monkeypatch.setenv(PROMETHEUS_NAMESPACE_ENV, "monitoring")
+    policy = _find(_children(), "NetworkPolicy", "-engines")
+    own, scrapers = policy["spec"]["ingress"]
+    assert own == {"from": [{"podSelector": {"matchLabels": {render.LABEL_DEPLOYMENT: "minimal"}}}]}
+    assert scrapers == {
+        "from": [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+        ],
+        "ports": [{"protocol": "TCP", "port": 8000}],
+    }
+    kubernetes_validate.validate(policy, K8S_VERSION, strict=True)
+    monkeypatch.setenv(PROMETHEUS_NAMESPACE_ENV, "")
+    assert len(_find(_children(), "NetworkPolicy", "-engines")["spec"]["ingress"]) == 1
