@@ -116,11 +116,6 @@ def parse_duration(value: str) -> float:
     return duration_ns(value) / NS_PER_S
 
 
-def format_duration(seconds: float) -> str:
-    """The inverse of `parse_duration` for whole seconds."""
-    return f"{round(seconds)}s"
-
-
 def _check_duration(value: Any) -> Any:
     if isinstance(value, str):
         parse_duration(value)

@@ -206,10 +206,6 @@ class RouterConfig(_Model):
         "without KV reuse (a one-replica role's pod restarting); false: fail the turn (503, or "
         "502/504 after failures).",
     )
-    verify_reuse: Literal["tokens"] = Field(
-        default="tokens",
-        description="How reuse is verified: token ids of D's retained prefix vs the new prompt.",
-    )
     fingerprint_conversations: bool = Field(
         default=True,
         description="Find a conversation by its content when the client sends no conversation_id.",
@@ -246,11 +242,6 @@ class RouterConfig(_Model):
         if self.handle_ttl_s is not None:
             return self.handle_ttl_s
         return default_handle_ttl(self.decoder_blocks_ttl_s)
-
-    @classmethod
-    def from_file(cls, path: str | os.PathLike[str]) -> RouterConfig:
-        """Load a YAML file and apply the environment overrides."""
-        return cls.load(path, env=os.environ)
 
     @classmethod
     def load(

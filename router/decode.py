@@ -11,7 +11,6 @@ on another D; after that, a stream is ended with an in-band error event.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -248,8 +247,3 @@ class StreamRelay:
             "content": "".join(self._parts) if self._parts or not calls else None,
             "tool_calls": calls or None,
         }
-
-
-def elapsed(start: float) -> float:
-    """Seconds since `start` (perf_counter)."""
-    return time.perf_counter() - start

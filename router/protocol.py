@@ -30,7 +30,6 @@ FRESH_PREFILL_PARAMS: dict[str, Any] = {
 """What P gets on a turn without a handle: compute, then hold the blocks for D."""
 
 _PREFILL_DROPS = ("max_completion_tokens", "min_tokens", "stream_options")
-TOKEN_ID_FIELDS = ("prompt_token_ids", "token_ids")
 
 
 def prefill_request(body: dict[str, Any], handle_params: dict[str, Any] | None) -> dict[str, Any]:
