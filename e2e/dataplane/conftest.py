@@ -100,6 +100,18 @@ class DataPlane:
             processes.stop(self.pids.pop(name), timeout=30.0)
 
 
+_RUNNING: list[DataPlane] = []
+"""The session's plane while its engines run: stopped when this folder's last test is done."""
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """Engines hold ~7 GB and spin on the two cores: they stop once the tests that use them are
+    over, not at the end of the session, where they would starve the real node's engines."""
+    here = Path(__file__).resolve().parent
+    if _RUNNING and (nextitem is None or Path(nextitem.path).resolve().parent != here):
+        _RUNNING.pop().stop_all()
+
+
 @pytest.fixture(scope="session")
 def dataplane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DataPlane]:
     venv = engine_venv()
@@ -111,8 +123,11 @@ def dataplane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DataPlane]:
     plane = DataPlane(venv=venv, run_dir=run_dir, dd=dd, model=dd.spec.model.served_name)
     try:
         plane.start_engines()
+        _RUNNING.append(plane)
         yield plane
     finally:
+        if plane in _RUNNING:
+            _RUNNING.remove(plane)
         plane.stop_all()
         logs = os.environ.get("BOOMERANG_KEEP_LOGS")
         if logs:
