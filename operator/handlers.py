@@ -5,6 +5,10 @@
   which also releases decode's held rollout the moment prefill's has finished (rollout.py);
 - any child deleted, or edited by someone else: full `reconcile()` of its owner, so drift is
   repaired at once rather than at the next timer tick;
+- its pods (the StatefulSets' and the Deployment's, labelled with the resource's name; the API
+  server filters the watch by that label) changing while not ready: `refresh_status()`, so a pod
+  that cannot be scheduled, pulled or started shows in status within seconds (pods.py); a pod
+  becoming ready changes its workload's status, which refreshes status already;
 - the resource deleted: it leaves the operator's metrics (metrics.py), which count every full
   reconcile and each resource's Ready state.
 Status is computed and written under a per-resource lock from fresh reads (see reconcile.py).
@@ -69,6 +73,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.execution.max_workers = 16
+    # Server-side filter: only the pods of our resources reach the operator, not the cluster's.
+    settings.watching.label_selectors["", "v1", "pods"] = render.LABEL_DEPLOYMENT
 
 
 @kopf.on.resume(api.GROUP, api.VERSION, api.PLURAL)
@@ -124,6 +130,26 @@ def on_child_event(event: kopf.RawEvent, **_: Any) -> None:
         outcome = reconcile.refresh_status(owner, kube(), _now(), _gate)
         METRICS.observe_status(metrics.key_of(owner), outcome.status)
     _post(owner, outcome)
+
+
+@kopf.on.event("", "v1", "pods", labels={render.LABEL_DEPLOYMENT: kopf.PRESENT})
+def on_pod_event(event: kopf.RawEvent, **_: Any) -> None:
+    """A pod not ready changed (scheduled, pulling, crashing): say why in status."""
+    obj = event["object"]
+    if event["type"] not in ("ADDED", "MODIFIED") or _pod_ready(obj):
+        return  # kopf's initial listing (resume refreshes), deletions, readiness: workloads'
+    meta = obj.get("metadata", {})
+    owner = _owner(meta.get("namespace", ""), meta.get("labels") or {})
+    if owner is None:
+        return
+    outcome = reconcile.refresh_status(owner, kube(), _now(), _gate)
+    METRICS.observe_status(metrics.key_of(owner), outcome.status)
+    _post(owner, outcome)
+
+
+def _pod_ready(pod: Mapping[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 for _group, _version, _plural in _CHILD_KINDS:

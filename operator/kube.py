@@ -1,7 +1,8 @@
 """The operator's only I/O with the Kubernetes API: a thin, typed layer over the REST client.
 
 Everything the reconciler does to the cluster goes through `Kube`: server-side apply of a child
-under one field manager, reading a workload, writing the status subresource. Keeping it this
+under one field manager, reading a workload, listing a role's pods and the nodes they may run
+on (to say why pods are not ready), writing the status subresource. Keeping it this
 small makes the reconciler testable with an in-memory double and the end-to-end suite easy to
 write against a real API server. Paths come from a static table (no discovery round trips).
 """
@@ -9,6 +10,7 @@ write against a real API server. Paths come from a static table (no discovery ro
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -19,12 +21,16 @@ from boomerang.operator import api
 from boomerang.operator.render import MANAGER
 
 REQUEST_TIMEOUT_S = 30
+ACCESS_TTL_S = 600.0
+"""How long the answer to "may I list this cluster-scoped kind?" is trusted."""
 
 # (apiVersion, kind) -> (path prefix, plural)
 _RESOURCES: Mapping[tuple[str, str], tuple[str, str]] = {
     ("v1", "ServiceAccount"): ("/api/v1", "serviceaccounts"),
     ("v1", "Service"): ("/api/v1", "services"),
     ("v1", "ConfigMap"): ("/api/v1", "configmaps"),
+    ("v1", "Pod"): ("/api/v1", "pods"),
+    ("v1", "Node"): ("/api/v1", "nodes"),
     ("apps/v1", "StatefulSet"): ("/apis/apps/v1", "statefulsets"),
     ("apps/v1", "Deployment"): ("/apis/apps/v1", "deployments"),
     ("policy/v1", "PodDisruptionBudget"): ("/apis/policy/v1", "poddisruptionbudgets"),
@@ -58,6 +64,19 @@ class KubeAPI(Protocol):
 
     def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None: ...
 
+    def list_objects(
+        self, api_version: str, kind: str, namespace: str | None, labels: Mapping[str, str]
+    ) -> list[dict[str, Any]]: ...
+
+
+def collection_path(api_version: str, kind: str, namespace: str | None) -> str:
+    """A kind's collection in one namespace, or cluster-wide (`namespace=None`: nodes)."""
+    try:
+        prefix, plural = _RESOURCES[(api_version, kind)]
+    except KeyError:
+        raise KubeError(f"unsupported kind {api_version}/{kind}") from None
+    return f"{prefix}/namespaces/{namespace}/{plural}" if namespace else f"{prefix}/{plural}"
+
 
 def object_path(api_version: str, kind: str, namespace: str, name: str) -> str:
     try:
@@ -78,6 +97,7 @@ class Kube:
                 config.load_kube_config()  # type: ignore[no-untyped-call]
             api_client = client.ApiClient()
         self._client = api_client
+        self._access: dict[str, tuple[bool, float]] = {}
 
     def _call(
         self,
@@ -123,6 +143,33 @@ class Kube:
     def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         path = object_path(api.API_VERSION, api.KIND, namespace, name) + "/status"
         self._call("PATCH", path, {"status": dict(status)}, "application/merge-patch+json")
+
+    def list_objects(
+        self, api_version: str, kind: str, namespace: str | None, labels: Mapping[str, str]
+    ) -> list[dict[str, Any]]:
+        """Objects whose labels match `labels` exactly, filtered by the API server."""
+        if namespace is None and not self._may_list(_RESOURCES[(api_version, kind)][1]):
+            raise KubeError(f"not allowed to list {kind} cluster-wide", 403)
+        selector = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+        query = [("labelSelector", selector)] if selector else []
+        found = self._call("GET", collection_path(api_version, kind, namespace), query=query)
+        return list(found.get("items") or [])
+
+    def _may_list(self, plural: str) -> bool:
+        """Ask before listing a cluster-scoped kind: a namespaced install is not granted nodes,
+        and a request it is refused would show as a denial in the audit log, every time."""
+        known = self._access.get(plural)
+        if known is not None and time.monotonic() - known[1] < ACCESS_TTL_S:
+            return known[0]
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": {"verb": "list", "resource": plural}},
+        }
+        path = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+        allowed = bool(self._call("POST", path, review).get("status", {}).get("allowed"))
+        self._access[plural] = (allowed, time.monotonic())
+        return allowed
 
 
 def _reason(status: int, data: bytes | None) -> str:

@@ -6,6 +6,13 @@ fresh, compute status, and write it only when it changed. Nothing here branches 
 "was this a create or an update". The kopf wiring in `handlers.py` calls these functions and
 emits the events they return.
 
+Status also says why pods are not ready. A full reconcile compares each engine role's GPU and
+EFA request with the nodes its pods may run on (preflight.py), so a pod no node can hold is
+reported from the spec at once; every refresh reads the pods of components not yet ready
+(pods.py). Both are read only while something is not ready: a settled resource costs nothing.
+A cluster that refuses the operator nodes (a namespaced install without that grant) skips the
+preflight and says so once in the log.
+
 One child depends on another's state: decode's rollout waits for prefill's (rollout.py). A
 reconcile reads both engine StatefulSets before applying to decide the hold; a status refresh,
 which every workload event triggers, releases it as soon as prefill reports it has rolled out.
@@ -14,6 +21,7 @@ which every workload event triggers, releases it as soon as prefill reports it h
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -22,11 +30,16 @@ from typing import Any
 from pydantic import ValidationError
 
 from boomerang.connector.config import ROLES
-from boomerang.operator import render, rollout
+from boomerang.operator import engines, pods, preflight, render, rollout
 from boomerang.operator.api import API_VERSION, KIND, DisaggregatedDeployment
 from boomerang.operator.children import desired_children
 from boomerang.operator.kube import KubeAPI, KubeError
-from boomerang.operator.status import KSTATUS_MIRRORS, compute_status, condition_changes
+from boomerang.operator.status import (
+    KSTATUS_MIRRORS,
+    Diagnosis,
+    compute_status,
+    condition_changes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +82,50 @@ def reconcile(
                 return Outcome(status=dict(body.get("status") or {}))
             log.warning("Failed to apply %s name=%s reason=%s", kind, name, exc.reason)
             failed[f"{kind} {name}"] = exc.reason
-    return refresh_status(body, kube, now, gate, error=_apply_error(failed, children), full=True)
+    capacity = _preflight(dd, kube, children, {"prefill": prefill, "decode": decode})
+    error = _apply_error(failed, children)
+    return refresh_status(body, kube, now, gate, error=error, capacity=capacity, full=True)
+
+
+def _preflight(
+    dd: DisaggregatedDeployment,
+    kube: KubeAPI,
+    children: list[dict[str, Any]],
+    live: Mapping[str, Mapping[str, Any] | None],
+) -> dict[str, str]:
+    """Per engine role not yet rolled out: why no node can hold one of its pods."""
+    found: dict[str, str] = {}
+    for role in ROLES:
+        if rollout.rolled_out(live[role], engines.config_hash(dd, role)):
+            continue  # its pods run: the nodes hold them
+        name = render.child_name(dd, role)
+        sts = next(
+            o for o in children if o["kind"] == "StatefulSet" and o["metadata"]["name"] == name
+        )
+        pod_spec = sts["spec"]["template"]["spec"]
+        if not preflight.pod_requests(pod_spec):
+            continue
+        try:
+            nodes = kube.list_objects("v1", "Node", None, pod_spec.get("nodeSelector") or {})
+        except KubeError as exc:
+            _skip_preflight(exc)
+            return {}
+        message = preflight.shortfall(role, pod_spec, nodes)
+        if message is not None:
+            found[role] = message
+    return found
+
+
+_preflight_refused = threading.Event()
+
+
+def _skip_preflight(exc: KubeError) -> None:
+    if exc.status == 403:
+        if not _preflight_refused.is_set():
+            _preflight_refused.set()
+            log.warning("Skipped preflight reason=cannot list nodes (grant nodes list): %s", exc)
+    else:
+        log.warning("Skipped preflight reason=%s", exc.reason)
 
 
 def _apply_error(failed: Mapping[str, str], children: list[dict[str, Any]]) -> str | None:
@@ -93,20 +149,22 @@ def refresh_status(
     gate: StatusGate | None = None,
     *,
     error: str | None = None,
+    capacity: Mapping[str, str] | None = None,
     full: bool = False,
 ) -> Outcome:
     """Recompute status from fresh reads of the resource and its workloads, and write it.
 
     Reads and the write happen under the resource's lock, so concurrent handlers (a reconcile
     and a workload event) cannot land a status computed from older reads after a newer one.
-    A full reconcile records its own `error` (None clears a past failure); an event-driven
-    refresh shows the last reconcile's.
+    A full reconcile records its own `error` (None clears a past failure) and preflight
+    `capacity`; an event-driven refresh shows the last reconcile's.
     """
     meta = body.get("metadata", {})
     key = (str(meta.get("namespace") or "default"), str(meta.get("name")))
     gate = gate or StatusGate()
     if full:
         gate.errors[key] = error
+        gate.capacity[key] = dict(capacity or {})
     outcome = gate.run_once(key, lambda: _refresh(key, kube, now, gate))
     return outcome or Outcome(status={})
 
@@ -131,7 +189,32 @@ def _refresh(key: tuple[str, str], kube: KubeAPI, now: str, gate: StatusGate) ->
         observed["decode"] = _release_decode(dd, kube) or observed["decode"]
     # The last full reconcile's result; after a restart, what the status last said.
     error = gate.errors[key] if key in gate.errors else _last_error(previous)
-    return _finish(dd, observed, previous, kube, now, error)
+    capacity = gate.capacity[key] if key in gate.capacity else _last_capacity(previous)
+    diagnosis = Diagnosis(pods=_pod_findings(dd, kube, observed), capacity=capacity)
+    return _finish(dd, observed, previous, kube, now, error, diagnosis)
+
+
+def _pod_findings(
+    dd: DisaggregatedDeployment, kube: KubeAPI, observed: Mapping[str, Mapping[str, Any] | None]
+) -> dict[str, pods.Finding]:
+    """Why the pods of each component not fully ready are not: one list call per component."""
+    found: dict[str, pods.Finding] = {}
+    for component, obj in observed.items():
+        status = (obj or {}).get("status") or {}
+        desired = int((obj or {}).get("spec", {}).get("replicas") or 0)
+        if obj is None or int(status.get("readyReplicas") or 0) >= desired:
+            continue
+        try:
+            listed = kube.list_objects(
+                "v1", "Pod", dd.namespace, render.selector_labels(dd, component)
+            )
+        except KubeError as exc:
+            log.warning("Failed to list pods role=%s reason=%s", component, exc.reason)
+            continue
+        finding = pods.diagnose(listed)
+        if finding is not None:
+            found[component] = finding
+    return found
 
 
 def _read_engine(dd: DisaggregatedDeployment, kube: KubeAPI, role: str) -> Mapping[str, Any] | None:
@@ -174,6 +257,8 @@ class StatusGate:
         self._dirty: set[tuple[str, str]] = set()
         self.errors: dict[tuple[str, str], str | None] = {}
         """Per resource: the failure of its last full reconcile (None: it succeeded)."""
+        self.capacity: dict[tuple[str, str], dict[str, str]] = {}
+        """Per resource: its last full reconcile's preflight shortfalls, by role."""
 
     def run_once(self, key: tuple[str, str], fn: Callable[[], Outcome]) -> Outcome | None:
         with self._guard:
@@ -229,6 +314,15 @@ def _last_error(previous: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _last_capacity(previous: Mapping[str, Any]) -> dict[str, str]:
+    """Keep a preflight shortfall visible until the next full reconcile checks again."""
+    for cond in previous.get("conditions", []):
+        if cond["type"] == "Degraded" and cond.get("reason") == "InsufficientCapacity":
+            parts = re.split(r"; (?=(?:prefill|decode) needs )", str(cond.get("message")))
+            return {role: p for p in parts for role in ROLES if p.startswith(f"{role} ")}
+    return {}
+
+
 def _finish(
     dd: DisaggregatedDeployment,
     observed: Mapping[str, Mapping[str, Any] | None],
@@ -236,8 +330,9 @@ def _finish(
     kube: KubeAPI,
     now: str,
     error: str | None,
+    diagnosis: Diagnosis,
 ) -> Outcome:
-    status = compute_status(dd, observed, previous, now, error)
+    status = compute_status(dd, observed, previous, now, error, diagnosis)
     outcome = Outcome(status=status, events=_events(previous, status))
     if status != previous:
         kube.patch_status(dd.namespace, dd.name, status)

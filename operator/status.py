@@ -7,20 +7,43 @@ Progressing and Degraded, for Flux and other kstatus readers):
 - Ready: every role and the router have all their replicas ready at the current generation;
 - Progressing: a rollout or scale is under way (including P and D at different revisions);
   its message says when decode's pods wait for prefill to roll out first (rollout.py);
-- Degraded: the last reconcile failed, or replicas went missing after the current spec was
-  Ready, with no rollout to explain it.
-A condition's `lastTransitionTime` moves only when its status changes, so status never flaps.
+- Degraded: something that will not fix itself, most specific first: the last reconcile
+  failed; no node can hold a role's pod (preflight.py: InsufficientCapacity); a component's
+  pods cannot be scheduled, pulled or kept running (pods.py: Unschedulable, ImagePullFailed,
+  OOMKilled, CrashLoopBackOff); no progress for PROGRESS_DEADLINE_S (ProgressDeadlineExceeded);
+  replicas went missing after the current spec was Ready, with no rollout to explain it.
+A condition's `lastTransitionTime` moves only when its status changes, so status never flaps;
+Progressing's (and Reconciling's) also restarts when a new generation is seen or a replica
+becomes ready or updated: it is the progress deadline's clock, like a Deployment's
+`lastUpdateTime`, so a long rollout that keeps moving never exceeds it.
 """
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from boomerang.connector.config import ROLES
-from boomerang.operator import render, rollout
+from boomerang.operator import engines, render, rollout
 from boomerang.operator.api import DisaggregatedDeployment, parse_duration
+from boomerang.operator.pods import PRIORITY, Finding
+
+PROGRESS_DEADLINE_S = float(engines.STARTUP_BUDGET_S)
+"""Progressing this long without a replica becoming ready or updated is Degraded, as a
+Deployment's progressDeadlineSeconds: one engine's whole startup budget (operator-wide; the API
+has no field for it)."""
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """Why components are not ready, read apart from their workloads' counts."""
+
+    pods: Mapping[str, Finding] = field(default_factory=dict)
+    """prefill/decode/router: the most specific finding on its pods (pods.py)."""
+    capacity: Mapping[str, str] = field(default_factory=dict)
+    """prefill/decode: why no node can hold one of its pods (preflight.py)."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +88,8 @@ def compute_status(
     previous: Mapping[str, Any] | None,
     now: str,
     error: str | None = None,
+    diagnosis: Diagnosis | None = None,
+    deadline_s: float = PROGRESS_DEADLINE_S,
 ) -> dict[str, Any]:
     """The whole `.status` object; `observed` maps prefill/decode/router to their workloads."""
     generation = int(dd.metadata.get("generation") or 0)
@@ -92,7 +117,10 @@ def compute_status(
     # in between (pods deleted, the StatefulSet not yet caught up) would otherwise make a
     # resource that lost its pods look like one still rolling out, forever.
     was_ready = _ready_generation(previous) == generation
-    decided = _decide(roles, router, skew, error, was_ready)
+    since = _progress_since(old.get("Progressing"), status, previous, now, generation)
+    overdue = _elapsed(since, now) > deadline_s
+    facts = _Facts(error, was_ready, diagnosis or Diagnosis(), overdue, deadline_s)
+    decided = _decide(roles, router, skew, facts)
     if decided["Ready"][0]:
         status["readyGeneration"] = generation
     elif _ready_generation(previous) is not None:
@@ -101,7 +129,40 @@ def compute_status(
         _condition(kind, value, reason, message, old.get(kind), now, generation)
         for kind, (value, reason, message) in decided.items()
     ]
+    for cond in status["conditions"]:
+        if cond["type"] in _PROGRESS_CLOCKS and cond["status"] == "True":
+            cond["lastTransitionTime"] = since
     return status
+
+
+_PROGRESS_CLOCKS = frozenset({"Progressing", "Reconciling"})
+
+
+def _progress_since(
+    old: Mapping[str, Any] | None,
+    status: Mapping[str, Any],
+    previous: Mapping[str, Any] | None,
+    now: str,
+    generation: int,
+) -> str:
+    """When the current progress began: the last time Progressing turned True, a new
+    generation was seen, or a replica became ready or updated."""
+    if not old or old.get("status") != "True" or old.get("observedGeneration") != generation:
+        return now
+    for component in (*ROLES, "router"):
+        before, after = (previous or {}).get(component) or {}, status[component]
+        for count in ("ready", "updated"):
+            if count in after and int(after[count]) > int(before.get(count) or 0):
+                return now
+    return str(old.get("lastTransitionTime") or now)
+
+
+def _elapsed(since: str, now: str) -> float:
+    try:
+        start, end = datetime.datetime.fromisoformat(since), datetime.datetime.fromisoformat(now)
+    except ValueError:
+        return 0.0
+    return (end - start).total_seconds()
 
 
 def _ready_generation(previous: Mapping[str, Any] | None) -> int | None:
@@ -123,18 +184,24 @@ KSTATUS_MIRRORS = frozenset({"Reconciling", "Stalled"})
 """kstatus' own condition types, which repeat Progressing and Degraded."""
 
 
+@dataclass(frozen=True)
+class _Facts:
+    """What status knows beyond the workloads' counts."""
+
+    error: str | None  # the last full reconcile's failure
+    was_ready: bool  # every replica was ready at this generation once
+    diagnosis: Diagnosis
+    overdue: bool  # progressing for longer than the deadline with no replica moving
+    deadline_s: float
+
+
 def _decide(
-    roles: Mapping[str, Workload],
-    router: Workload,
-    skew: bool,
-    error: str | None,
-    was_ready: bool,
+    roles: Mapping[str, Workload], router: Workload, skew: bool, facts: _Facts
 ) -> dict[str, Decision]:
     """Ready, Progressing and Degraded, each as (status, reason, message)."""
     everything = {**roles, "router": router}
-    waiting = [
-        f"{name} {w.ready}/{w.desired} ready" for name, w in everything.items() if not w.complete
-    ]
+    incomplete = [name for name, w in everything.items() if not w.complete]
+    waiting = [_waiting(name, everything[name], facts.diagnosis) for name in incomplete]
     rolling = [
         f"{name} (waits for prefill to roll out first)" if w.held else name
         for name, w in everything.items()
@@ -150,15 +217,10 @@ def _decide(
         progressing = (True, "RollingOut", f"updating {', '.join(rolling)}")
     elif waiting:
         progressing = (True, "WaitingForReplicas", "; ".join(waiting))
-    degraded: Decision = (False, "AsExpected", "no faults")
-    if error is not None:
-        degraded = (True, "ReconcileFailed", error)
-    elif was_ready and waiting and not rolling:
-        # Replicas were all ready and went away with no rollout to explain it.
-        degraded = (True, "ReplicasUnavailable", "; ".join(waiting))
+    degraded = _degraded(incomplete, waiting, bool(rolling), progressing[0], facts)
     ready: Decision = (True, "AllReplicasReady", "prefill, decode and router ready")
-    if error is not None:
-        ready = (False, "ReconcileFailed", error)
+    if facts.error is not None:
+        ready = (False, "ReconcileFailed", facts.error)
     elif waiting:
         ready = (False, "WaitingForReplicas", "; ".join(waiting))
     # kstatus (Flux's health checks, kpt, cli-utils) reads two abnormal-true conditions of its
@@ -171,6 +233,46 @@ def _decide(
         "Reconciling": progressing,
         "Stalled": degraded,
     }
+
+
+def _waiting(name: str, w: Workload, diagnosis: Diagnosis) -> str:
+    """`decode 0/1 ready`, with why when that may pass on its own (a stuck reason is
+    Degraded's message)."""
+    finding = diagnosis.pods.get(name)
+    detail = f" ({finding.message})" if finding and not finding.stuck else ""
+    return f"{name} {w.ready}/{w.desired} ready{detail}"
+
+
+def _degraded(
+    incomplete: Sequence[str],
+    waiting: Sequence[str],
+    rolling: bool,
+    progressing: bool,
+    facts: _Facts,
+) -> Decision:
+    """Degraded, most specific first; pods and capacity count only for components not ready."""
+    if facts.error is not None:
+        return (True, "ReconcileFailed", facts.error)
+    short = [facts.diagnosis.capacity[n] for n in incomplete if n in facts.diagnosis.capacity]
+    if short:
+        return (True, "InsufficientCapacity", "; ".join(short))
+    stuck = [
+        (f := facts.diagnosis.pods[n], f"{n}: {f.message}")
+        for n in incomplete
+        if n in facts.diagnosis.pods and facts.diagnosis.pods[n].stuck
+    ]
+    if stuck:
+        first = min(stuck, key=lambda s: PRIORITY.index(s[0].reason))[0]
+        return (True, first.reason, "; ".join(message for _, message in stuck))
+    if progressing and facts.overdue:
+        minutes = round(facts.deadline_s / 60)
+        message = f"no replica became ready or updated in {minutes}m: "
+        message += "; ".join(waiting) or "rollout not finished"
+        return (True, "ProgressDeadlineExceeded", message)
+    if facts.was_ready and waiting and not rolling:
+        # Replicas were all ready and went away with no rollout to explain it.
+        return (True, "ReplicasUnavailable", "; ".join(waiting))
+    return (False, "AsExpected", "no faults")
 
 
 def _revision_skew(prefill: Workload, decode: Workload) -> bool:

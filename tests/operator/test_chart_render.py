@@ -249,7 +249,9 @@ def test_namespaced_install_grants_workloads_only_in_the_watched_namespaces(helm
     for resource in ("statefulsets", "deployments", "services", "rolebindings"):
         assert any(r == resource and v == "patch" for _, r, v in granted), resource
     assert ("kopf.dev", "kopfpeerings", "patch") in granted
-    # Cluster-wide: reading the CRDs and namespaces, which kopf needs; nothing else.
+    assert ("", "pods", "watch") in granted and ("", "pods", "create") not in granted
+    # Cluster-wide: reading the CRDs and namespaces, which kopf needs; nothing else (not even
+    # nodes: the operator then skips its preflight).
     cluster_role = _one(docs, "ClusterRole")
     assert {(g, r) for g, r, _ in _rules(cluster_role)} == {
         ("apiextensions.k8s.io", "customresourcedefinitions"),
@@ -266,8 +268,9 @@ def test_namespaced_install_grants_workloads_only_in_the_watched_namespaces(helm
 
 def test_cluster_wide_and_namespaced_installs_grant_the_same_workload_rules(helm: Path) -> None:
     cluster_wide = set(_rules(_one(_render(helm), "ClusterRole")))
+    assert ("", "nodes", "list") in cluster_wide and ("", "nodes", "patch") not in cluster_wide
     namespaced = set(_rules(next(d for d in _render(helm, *TEAMS) if d["kind"] == "Role")))
-    kopf = {"clusterkopfpeerings", "customresourcedefinitions", "kopfpeerings"}
+    kopf = {"clusterkopfpeerings", "customresourcedefinitions", "kopfpeerings", "nodes"}
     assert {r for r in cluster_wide if r[1] not in kopf} == {
         r for r in namespaced if r[1] not in kopf
     }

@@ -50,6 +50,11 @@ class FakeKube:
     def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         self.owner["status"] = copy.deepcopy(dict(status))
 
+    def list_objects(
+        self, api_version: str, kind: str, namespace: str | None, labels: Mapping[str, str]
+    ) -> list[dict[str, Any]]:
+        return []  # no nodes, no pods
+
 
 def resource(name: str = "qwen", **spec: Any) -> dict[str, Any]:
     data = manifest("minimal")

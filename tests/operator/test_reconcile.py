@@ -38,6 +38,9 @@ class MemoryKube:
         self.fail_kind = fail_kind
         self.fail_names = fail_names
         self.ready = False
+        self.pods: list[dict[str, Any]] = []
+        self.nodes: list[dict[str, Any]] | KubeError = []
+        self.listed: list[tuple[str, dict[str, str]]] = []
 
     def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         if obj["kind"] == self.fail_kind or obj["metadata"]["name"] in self.fail_names:
@@ -67,6 +70,21 @@ class MemoryKube:
     def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         self.status_writes.append(copy.deepcopy(dict(status)))
         self.owner["status"] = copy.deepcopy(dict(status))
+
+    def list_objects(
+        self, api_version: str, kind: str, namespace: str | None, labels: Mapping[str, str]
+    ) -> list[dict[str, Any]]:
+        self.listed.append((kind, dict(labels)))
+        if kind == "Node":
+            if isinstance(self.nodes, KubeError):
+                raise self.nodes
+            items = self.nodes
+        else:
+            items = self.pods
+        return [
+            o for o in items
+            if labels.items() <= (o["metadata"].get("labels") or {}).items()
+        ]  # fmt: skip
 
 
 def body(status: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -328,3 +346,76 @@ def test_refreshes_requested_while_one_runs_are_coalesced_into_one_more_round() 
     assert calls == ["run", "run"]
     assert outcome is not None and outcome.status == {"round": 2}
     assert gate.run_once(key, lambda: Outcome(status={"again": 1})) is not None
+
+
+def _node(efa: int) -> dict[str, Any]:
+    allocatable = {"nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": str(efa)}
+    return {"metadata": {"name": f"n{efa}", "labels": {}}, "status": {"allocatable": allocatable}}
+
+
+def _degraded(outcome: Outcome) -> dict[str, Any]:
+    return next(c for c in outcome.status["conditions"] if c["type"] == "Degraded")
+
+
+def test_a_request_no_node_can_meet_is_degraded_from_the_spec_and_stays_so_on_refresh() -> None:
+    kube = MemoryKube(body())
+    kube.owner["spec"]["decode"]["resources"]["efa"] = 32
+    kube.nodes = [_node(16), _node(16)]
+    outcome = reconcile(kube.owner, kube, NOW)
+    degraded = _degraded(outcome)
+    assert (degraded["status"], degraded["reason"]) == ("True", "InsufficientCapacity")
+    assert degraded["message"] == (
+        "decode needs 32 vpc.amazonaws.com/efa per pod; the most any matching node offers is 16 "
+        "(2 nodes match)"
+    )
+    assert ("Warning", "InsufficientCapacity") in [(e[0], e[1]) for e in outcome.events]
+    assert _degraded(refresh_status(kube.owner, kube, NOW))["reason"] == "InsufficientCapacity"
+    # A restarted operator (no memory of the reconcile) keeps it until it checks again.
+    restarted = refresh_status(kube.owner, kube, NOW, StatusGate())
+    assert _degraded(restarted)["message"] == degraded["message"]
+    kube.owner["spec"]["decode"]["resources"]["efa"] = 16
+    assert _degraded(reconcile(kube.owner, kube, NOW))["status"] == "False"
+
+
+def test_nodes_are_not_listed_once_the_roles_have_rolled_out() -> None:
+    kube = MemoryKube(body())
+    kube.ready = True
+    reconcile(kube.owner, kube, NOW)  # first create: nothing live yet, so it checks
+    kube.listed.clear()
+    reconcile(kube.owner, kube, NOW)
+    refresh_status(kube.owner, kube, NOW)
+    assert kube.listed == []  # every replica ready: neither nodes nor pods are read
+
+
+def test_an_operator_that_cannot_read_nodes_skips_the_preflight() -> None:
+    kube = MemoryKube(body())
+    kube.owner["spec"]["decode"]["resources"]["efa"] = 32
+    kube.nodes = KubeError('nodes is forbidden: User "x" cannot list resource "nodes"', 403)
+    outcome = reconcile(kube.owner, kube, NOW)
+    assert _degraded(outcome)["status"] == "False"
+    assert outcome.written
+
+
+def test_the_pods_of_a_role_not_ready_say_why_in_status() -> None:
+    kube = MemoryKube(body())
+    reconcile(kube.owner, kube, NOW)
+    kube.pods = [
+        {
+            "metadata": {"name": "minimal-decode-0",
+                         "labels": {"boomerang.dev/deployment": "minimal",
+                                    "boomerang.dev/role": "decode"}},
+            "status": {"conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                 "message": "0/4 nodes are available: 4 Insufficient vpc.amazonaws.com/efa."}
+            ]},
+        }
+    ]  # fmt: skip
+    outcome = refresh_status(kube.owner, kube, NOW)
+    degraded = _degraded(outcome)
+    assert (degraded["status"], degraded["reason"]) == ("True", "Unschedulable")
+    assert degraded["message"] == (
+        "decode: pod minimal-decode-0: 0/4 nodes are available: 4 Insufficient "
+        "vpc.amazonaws.com/efa."
+    )
+    roles = {labels["boomerang.dev/role"] for kind, labels in kube.listed if kind == "Pod"}
+    assert roles == {"prefill", "decode", "router"}

@@ -1,4 +1,4 @@
-"""Status: counts, the three conditions, no flapping, revision skew."""
+"""Status: counts, the three conditions, no flapping, revision skew, why not Ready."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 from dd_testing import deployment
 
-from boomerang.operator.status import compute_status, condition_changes
+from boomerang.operator.pods import Finding
+from boomerang.operator.status import Diagnosis, compute_status, condition_changes
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z"
 
@@ -173,7 +174,7 @@ def test_reconcile_error_is_degraded_with_its_message() -> None:
     assert "quota" in next(c["message"] for c in status["conditions"] if c["type"] == "Degraded")
 
 
-@pytest.mark.parametrize("world", ["pending", "ready", "lost", "failed"])
+@pytest.mark.parametrize("world", ["pending", "ready", "lost", "failed", "stuck"])
 def test_kstatus_conditions_mirror_progressing_and_degraded(world) -> None:
     """Flux and other kstatus readers see exactly what Progressing and Degraded say."""
     dd = deployment(generation=2)
@@ -183,7 +184,89 @@ def test_kstatus_conditions_mirror_progressing_and_degraded(world) -> None:
         "ready": lambda: ready,
         "lost": lambda: compute_status(dd, {}, ready, T1),
         "failed": lambda: compute_status(dd, ready_world(), None, T0, error="quota"),
+        "stuck": lambda: compute_status(
+            dd, {}, None, T0, diagnosis=Diagnosis(pods={"decode": UNSCHEDULABLE})
+        ),
     }[world]()
     found = conditions(status)
     assert found["Reconciling"] == found["Progressing"]
     assert found["Stalled"] == found["Degraded"]
+
+
+def degraded(status: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == "Degraded")
+
+
+UNSCHEDULABLE = Finding("Unschedulable", "pod minimal-decode-0: 0/4 nodes are available", True)
+STARTING = Finding("StartupProbeFailing", "pod minimal-decode-0 has not started yet", False)
+
+
+def test_pods_that_cannot_run_are_degraded_with_their_reason_and_message() -> None:
+    world = {**ready_world(), "decode": sts(1, 0)}
+    found = Diagnosis(pods={"decode": UNSCHEDULABLE})
+    status = compute_status(deployment(generation=2), world, None, T0, diagnosis=found)
+    assert conditions(status)["Degraded"] == ("True", "Unschedulable")
+    assert conditions(status)["Stalled"] == ("True", "Unschedulable")
+    assert degraded(status)["message"] == "decode: pod minimal-decode-0: 0/4 nodes are available"
+    assert conditions(status)["Progressing"][0] == "True"
+
+
+def test_a_reason_that_may_pass_is_progress_not_a_fault() -> None:
+    world = {**ready_world(), "decode": sts(1, 0)}
+    status = compute_status(
+        deployment(generation=2), world, None, T0, diagnosis=Diagnosis(pods={"decode": STARTING})
+    )
+    assert conditions(status)["Degraded"] == ("False", "AsExpected")
+    assert progressing_message(status) == (
+        "decode 0/1 ready (pod minimal-decode-0 has not started yet)"
+    )
+
+
+def test_findings_on_a_ready_component_are_ignored() -> None:
+    found = Diagnosis(pods={"decode": UNSCHEDULABLE}, capacity={"decode": "decode needs 32"})
+    status = compute_status(deployment(generation=2), ready_world(), None, T0, diagnosis=found)
+    assert conditions(status)["Degraded"] == ("False", "AsExpected")
+
+
+def test_insufficient_capacity_comes_before_the_pods_and_a_failure_before_both() -> None:
+    world = {**ready_world(), "decode": sts(1, 0)}
+    found = Diagnosis(pods={"decode": UNSCHEDULABLE}, capacity={"decode": "decode needs 32 efa"})
+    status = compute_status(deployment(generation=2), world, None, T0, diagnosis=found)
+    assert conditions(status)["Degraded"] == ("True", "InsufficientCapacity")
+    assert degraded(status)["message"] == "decode needs 32 efa"
+    failed = compute_status(deployment(generation=2), world, None, T0, "quota", found)
+    assert conditions(failed)["Degraded"] == ("True", "ReconcileFailed")
+
+
+def at(minutes: int) -> str:
+    return f"2026-01-01T{minutes // 60:02d}:{minutes % 60:02d}:00Z"
+
+
+def test_no_progress_past_the_deadline_is_degraded() -> None:
+    dd = deployment(generation=2)
+    pending = {**ready_world(), "decode": sts(1, 0)}
+    first = compute_status(dd, pending, None, at(0))
+    assert conditions(compute_status(dd, pending, first, at(29)))["Degraded"][0] == "False"
+    late = compute_status(dd, pending, first, at(31))
+    assert conditions(late)["Degraded"] == ("True", "ProgressDeadlineExceeded")
+    assert degraded(late)["message"] == (
+        "no replica became ready or updated in 30m: decode 0/1 ready"
+    )
+    assert conditions(late)["Progressing"] == ("True", "WaitingForReplicas")
+    assert conditions(compute_status(dd, ready_world(), late, at(32)))["Degraded"][0] == "False"
+
+
+def test_a_replica_becoming_ready_or_a_new_generation_restarts_the_deadline() -> None:
+    dd = deployment("minimal", {"decode": {"replicas": 3}}, generation=2)
+    first = compute_status(dd, {**ready_world(), "decode": sts(3, 0)}, None, at(0))
+    moved = compute_status(dd, {**ready_world(), "decode": sts(3, 1)}, first, at(20))
+    late = compute_status(dd, {**ready_world(), "decode": sts(3, 1)}, moved, at(45))
+    assert conditions(late)["Degraded"] == ("False", "AsExpected")
+    since = {c["type"]: c["lastTransitionTime"] for c in late["conditions"]}
+    assert since["Progressing"] == since["Reconciling"] == at(20)
+    changed = deployment("minimal", {"decode": {"replicas": 4}}, generation=3)
+    later = compute_status(changed, {**ready_world(), "decode": sts(4, 1)}, late, at(55))
+    assert conditions(later)["Degraded"] == ("False", "AsExpected")
+    assert next(c for c in later["conditions"] if c["type"] == "Progressing")[
+        "lastTransitionTime"
+    ] == at(55)
