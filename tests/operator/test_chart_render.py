@@ -6,7 +6,6 @@ server in e2e/test_chart.py.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -15,32 +14,10 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from cluster import bin_dir
+from chart_testing import CHART, render_chart, run_helm
 from dd_testing import ROOT
 
-CHART = ROOT / "charts" / "boomerang"
 K8S_VERSION = "1.36.0"
-
-
-@pytest.fixture(scope="module")
-def helm() -> Path:
-    path = bin_dir() / "helm"
-    if not os.access(path, os.X_OK):
-        if os.environ.get("CI"):
-            pytest.fail(f"helm is missing at {path}: run `make tools`")
-        pytest.skip("helm not built: run `make tools`")
-    return path
-
-
-def _helm(helm: Path, *args: str) -> str:
-    result = subprocess.run([str(helm), *args], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
-def _render(helm: Path, *sets: str, release: str = "boomerang") -> list[dict[str, Any]]:
-    out = _helm(helm, "template", release, str(CHART), "-n", "boomerang-system", *sets)
-    return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
 def _one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
@@ -73,7 +50,7 @@ def _validate(doc: dict[str, Any]) -> None:
 
 
 def test_chart_lints_strictly(helm: Path) -> None:
-    _helm(helm, "lint", "--strict", str(CHART))
+    run_helm(helm, "lint", "--strict", str(CHART))
 
 
 DEFAULT_KINDS = [
@@ -96,14 +73,14 @@ TEAMS = ("--set", "watchNamespaces={team-a,team-b}")
 def test_rendered_objects_validate_against_kubernetes_schemas(
     helm: Path, sets: tuple[str, ...], kinds: list[str]
 ) -> None:
-    docs = _render(helm, *sets)
+    docs = render_chart(helm, *sets)
     assert sorted(d["kind"] for d in docs) == kinds
     for doc in docs:
         _validate(doc)
 
 
 def test_chart_crd_is_the_generated_one_and_survives_uninstall(helm: Path) -> None:
-    crd = next(d for d in _render(helm) if d["kind"] == "CustomResourceDefinition")
+    crd = next(d for d in render_chart(helm) if d["kind"] == "CustomResourceDefinition")
     committed = yaml.safe_load(
         (ROOT / "crds" / "boomerang.dev_disaggregateddeployments.yaml").read_text()
     )
@@ -112,7 +89,7 @@ def test_chart_crd_is_the_generated_one_and_survives_uninstall(helm: Path) -> No
 
 
 def test_crds_can_be_left_to_gitops(helm: Path) -> None:
-    kinds = [d["kind"] for d in _render(helm, "--set", "crds.install=false")]
+    kinds = [d["kind"] for d in render_chart(helm, "--set", "crds.install=false")]
     assert "CustomResourceDefinition" not in kinds
 
 
@@ -126,7 +103,7 @@ def test_values_schema_rejects_a_typo(helm: Path) -> None:
 
 
 def test_operator_runs_unprivileged_with_its_namespaces(helm: Path) -> None:
-    docs = _render(helm, "--set", "watchNamespaces={team-a}")
+    docs = render_chart(helm, "--set", "watchNamespaces={team-a}")
     deploy = next(d for d in docs if d["kind"] == "Deployment")
     pod = deploy["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "boomerang-operator"
@@ -157,7 +134,7 @@ def test_every_default_image_is_the_published_one_of_this_release(helm: Path) ->
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert IMAGE_TAG == project == chart["appVersion"]
     assert values["image"]["registry"] == IMAGE_REGISTRY
-    assert _operator_image(_render(helm)) == f"{IMAGE_REGISTRY}/operator:{IMAGE_TAG}"
+    assert _operator_image(render_chart(helm)) == f"{IMAGE_REGISTRY}/operator:{IMAGE_TAG}"
     dd = DisaggregatedDeployment.model_validate(
         {"metadata": {"name": "x"}, "spec": {"model": {"source": "hf://a/b", "servedName": "b"}}}
     )
@@ -176,7 +153,7 @@ def test_every_default_image_is_the_published_one_of_this_release(helm: Path) ->
 def test_one_registry_value_moves_the_operator_image(
     helm: Path, sets: tuple[str, ...], image: str
 ) -> None:
-    assert _operator_image(_render(helm, *sets)).startswith(image)
+    assert _operator_image(render_chart(helm, *sets)).startswith(image)
 
 
 def _container(docs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -184,7 +161,7 @@ def _container(docs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def test_defaults_run_two_replicas_that_elect_a_leader_through_kopf_peering(helm: Path) -> None:
-    docs = _render(helm)
+    docs = render_chart(helm)
     deploy = _one(docs, "Deployment")
     assert deploy["spec"]["replicas"] == 2
     assert deploy["spec"]["strategy"]["type"] == "RollingUpdate"
@@ -211,9 +188,9 @@ def test_peering_crds_are_created_before_the_peering_object(helm: Path) -> None:
         ("kopf.dev/v1", "ClusterKopfPeering"): "Cluster",
         ("kopf.dev/v1", "KopfPeering"): "Namespaced",
     }
-    plain = [d["kind"] for d in _render(helm)]
+    plain = [d["kind"] for d in render_chart(helm)]
     assert "ClusterKopfPeering" in plain and "CustomResourceDefinition" in plain
-    with_crds = _render(helm, "--include-crds")
+    with_crds = render_chart(helm, "--include-crds")
     names = {d["metadata"]["name"] for d in with_crds if d["kind"] == "CustomResourceDefinition"}
     assert {"kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"} <= names
     for crd in crds.values():
@@ -231,7 +208,7 @@ def _rules(role: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 
 def test_namespaced_install_grants_workloads_only_in_the_watched_namespaces(helm: Path) -> None:
-    docs = _render(helm, *TEAMS)
+    docs = render_chart(helm, *TEAMS)
     roles = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "Role"}
     bindings = {d["metadata"]["namespace"]: d for d in docs if d["kind"] == "RoleBinding"}
     assert set(roles) == set(bindings) == {"team-a", "team-b"}
@@ -267,9 +244,9 @@ def test_namespaced_install_grants_workloads_only_in_the_watched_namespaces(helm
 
 
 def test_cluster_wide_and_namespaced_installs_grant_the_same_workload_rules(helm: Path) -> None:
-    cluster_wide = set(_rules(_one(_render(helm), "ClusterRole")))
+    cluster_wide = set(_rules(_one(render_chart(helm), "ClusterRole")))
     assert ("", "nodes", "list") in cluster_wide and ("", "nodes", "patch") not in cluster_wide
-    namespaced = set(_rules(next(d for d in _render(helm, *TEAMS) if d["kind"] == "Role")))
+    namespaced = set(_rules(next(d for d in render_chart(helm, *TEAMS) if d["kind"] == "Role")))
     kopf = {"clusterkopfpeerings", "customresourcedefinitions", "kopfpeerings", "nodes"}
     assert {r for r in cluster_wide if r[1] not in kopf} == {
         r for r in namespaced if r[1] not in kopf
@@ -277,7 +254,7 @@ def test_cluster_wide_and_namespaced_installs_grant_the_same_workload_rules(helm
 
 
 def test_leader_election_off_is_one_standalone_replica(helm: Path) -> None:
-    docs = _render(helm, "--set", "leaderElection.enabled=false", "--set", "replicaCount=1")
+    docs = render_chart(helm, "--set", "leaderElection.enabled=false", "--set", "replicaCount=1")
     kinds = {d["kind"] for d in docs}
     assert not kinds & {"ClusterKopfPeering", "KopfPeering", "PodDisruptionBudget"}
     deploy = _one(docs, "Deployment")
@@ -307,8 +284,8 @@ def test_two_releases_claim_no_common_cluster_scoped_object(helm: Path) -> None:
             if "namespace" not in d["metadata"] and d["kind"] not in skip
         }
 
-    first = cluster_scoped(_render(helm))
-    second = cluster_scoped(_render(helm, *TEAMS, release="team"))
+    first = cluster_scoped(render_chart(helm))
+    second = cluster_scoped(render_chart(helm, *TEAMS, release="team"))
     assert first and second and not first & second
 
 

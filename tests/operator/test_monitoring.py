@@ -9,7 +9,6 @@ e2e/dataplane/test_monitoring.py.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -18,8 +17,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from cluster import bin_dir
-from dd_testing import ROOT, deployment
+from chart_testing import CHART, render_chart
+from dd_testing import deployment
 from monitoring_testing import (
     ALERTS,
     ALERTS_TEST,
@@ -36,7 +35,6 @@ from boomerang.operator import metrics, render
 from boomerang.operator.children import desired_children
 from boomerang.router.metrics import Metrics
 
-CHART = ROOT / "charts" / "boomerang"
 K8S_VERSION = "1.36.0"
 MONITORING_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 ALL_ON = tuple(
@@ -155,25 +153,6 @@ def test_dashboard_panels_are_wired_to_the_chosen_data_source() -> None:
 # -- the chart --------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def helm() -> Path:
-    path = bin_dir() / "helm"
-    if not os.access(path, os.X_OK):
-        if os.environ.get("CI"):
-            pytest.fail(f"helm is missing at {path}: run `make tools`")
-        pytest.skip("helm not built: run `make tools`")
-    return path
-
-
-def _render(helm: Path, *sets: str) -> list[dict[str, Any]]:
-    out = subprocess.run(
-        [str(helm), "template", "boomerang", str(CHART), "-n", "boomerang-system", *sets],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
-    return [doc for doc in yaml.safe_load_all(out.stdout) if doc]
-
-
 def _one(docs: list[dict[str, Any]], kind: str, name: str = "") -> dict[str, Any]:
     found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(name)]
     assert len(found) == 1, (kind, name, [d["metadata"]["name"] for d in found])
@@ -181,7 +160,7 @@ def _one(docs: list[dict[str, Any]], kind: str, name: str = "") -> dict[str, Any
 
 
 def test_monitoring_is_off_by_default(helm: Path) -> None:
-    docs = _render(helm)
+    docs = render_chart(helm)
     assert not {d["kind"] for d in docs} & MONITORING_KINDS
     assert not [d for d in docs if d["metadata"]["name"].endswith(("-metrics", "-dashboard"))]
     args = _one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -189,7 +168,7 @@ def test_monitoring_is_off_by_default(helm: Path) -> None:
 
 
 def test_the_service_monitor_scrapes_the_operators_metrics_port(helm: Path) -> None:
-    docs = _render(helm, *ALL_ON, "--set", "monitoring.labels.release=kps")
+    docs = render_chart(helm, *ALL_ON, "--set", "monitoring.labels.release=kps")
     service, monitor = _one(docs, "Service", "-metrics"), _one(docs, "ServiceMonitor")
     kubernetes_validate.validate(service, K8S_VERSION, strict=True)
     assert service["spec"]["ports"] == [
@@ -212,7 +191,7 @@ def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
 def test_the_pod_monitor_selects_every_router_and_engine_pod_the_operator_creates(
     helm: Path,
 ) -> None:
-    monitor = _one(_render(helm, *ALL_ON), "PodMonitor")
+    monitor = _one(render_chart(helm, *ALL_ON), "PodMonitor")
     assert monitor["spec"]["namespaceSelector"] == {"any": True}
     endpoint = monitor["spec"]["podMetricsEndpoints"][0]
     selector = monitor["spec"]["selector"]
@@ -244,15 +223,15 @@ def test_the_pod_monitor_selects_every_router_and_engine_pod_the_operator_create
 
 
 def test_the_pod_monitor_follows_the_watched_namespaces(helm: Path) -> None:
-    docs = _render(helm, *ALL_ON, "--set", "watchNamespaces={team-a,team-b}")
+    docs = render_chart(helm, *ALL_ON, "--set", "watchNamespaces={team-a,team-b}")
     monitor = _one(docs, "PodMonitor")
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
-    docs = _render(helm, *ALL_ON, "--set", "monitoring.podMonitor.namespaces={llm}")
+    docs = render_chart(helm, *ALL_ON, "--set", "monitoring.podMonitor.namespaces={llm}")
     assert _one(docs, "PodMonitor")["spec"]["namespaceSelector"] == {"matchNames": ["llm"]}
 
 
 def test_the_prometheus_rule_and_the_dashboard_are_the_committed_files(helm: Path) -> None:
-    docs = _render(helm, *ALL_ON, "--set", "monitoring.grafanaDashboard.labels.team=ml")
+    docs = render_chart(helm, *ALL_ON, "--set", "monitoring.grafanaDashboard.labels.team=ml")
     rule = _one(docs, "PrometheusRule")
     assert rule["spec"] == yaml.safe_load(ALERTS.read_text())
     config_map = _one(docs, "ConfigMap", "-dashboard")
@@ -263,7 +242,7 @@ def test_the_prometheus_rule_and_the_dashboard_are_the_committed_files(helm: Pat
 
 
 def test_the_prometheus_namespace_reaches_the_operator_flag(helm: Path) -> None:
-    docs = _render(helm, "--set", "monitoring.prometheusNamespace=monitoring")
+    docs = render_chart(helm, "--set", "monitoring.prometheusNamespace=monitoring")
     args = _one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--metrics-namespace=monitoring" in args
 
