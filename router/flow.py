@@ -353,7 +353,7 @@ class Router:
     def _on_first(self, turn: Turn) -> None:
         if not turn.first_sent:
             turn.first_sent = True
-            self.metrics.ttft.observe(time.perf_counter() - turn.started)
+            self.metrics.ttft.labels(turn.outcome).observe(time.perf_counter() - turn.started)
 
     # -- one engine alone (the other role has none) -----------------------------------------
 

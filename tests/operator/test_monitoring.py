@@ -140,7 +140,7 @@ def test_dashboard_panels_are_wired_to_the_chosen_data_source() -> None:
     titles = set(panel_queries())
     for needed in (
         "Reuse hit share of turns with a handle",
-        "Time to first token (router)",
+        "Time to first token by reuse outcome (router)",
         "Prompt tokens on prefill, by source",
         "KV cache usage",
         "Reconciles by result",
