@@ -96,7 +96,6 @@ CONNECTOR_PROBE = """
 import json, shutil, sys
 from importlib.metadata import entry_points
 import torch, vllm, nixl
-import vllm._C_AVX2  # vLLM's CPU kernels: they need libnuma from the system
 from nixl._api import nixl_agent
 import boomerang.connector, boomerang.connector.engine_venv, boomerang.connector.plugin
 plugins = {ep.name: ep for ep in entry_points(group="vllm.general_plugins")}
