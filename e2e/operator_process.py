@@ -33,7 +33,6 @@ class OperatorProcess:
     def start(self) -> None:
         env = {**os.environ, **self.env}
         env["KUBECONFIG"] = str(self.kubeconfig)
-        env["PYTHONSAFEPATH"] = "1"  # never let a cwd `operator/` shadow the stdlib
         env["PYTHONUNBUFFERED"] = "1"
         with self.log.open("ab") as out:
             out.write(f"\n=== start #{self.starts + 1} ===\n".encode())

@@ -1,6 +1,6 @@
 """Bad DisaggregatedDeployments are rejected by the API server, with messages naming the field.
 
-Each case of tests/operator/invalid-specs.yaml (the table the pydantic unit tests share) sends a
+Each case of operator/tests/invalid-specs.yaml (the table the pydantic unit tests share) sends a
 server-side dry-run create (full admission: OpenAPI schema, CEL rules, strict field validation)
 of a valid sample broken in one place, and expects the error to name that field. A coverage test
 checks that every CEL rule in the installed CRD is hit by some case, so a rule added later

@@ -5,7 +5,7 @@ Whatever the API server admits, the model must admit and the builders must turn 
 that fit Kubernetes (or the resource would be stored and never converge); equivalently, whatever
 the model rejects, the API server must reject too. The model may be the stricter one (it refuses
 the nulls the API server prunes, for one). Few examples, derandomized, so CI runs the same ones;
-tests/operator/test_admitted_resources_build.py runs many more against the model alone.
+operator/tests/test_admitted_resources_build.py runs many more against the model alone.
 """
 
 from __future__ import annotations

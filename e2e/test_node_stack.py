@@ -151,7 +151,7 @@ def test_engines_run_vllm_in_containers_and_the_routers_find_them(stack: Stack) 
     assert len(routers) == 2
     (router,) = routers[0]["status"]["containerStatuses"]
     assert router["image"] == DEFAULT_ROUTER_IMAGE  # the resource's default
-    from boomerang.connector import pdclient
+    import pdclient
 
     for url in stack.router_urls():
         text = pdclient.scrape(url)

@@ -9,8 +9,8 @@ show on the real control plane:
   own message.
 Each then becomes Ready once the spec is fixed. Image pull failures, crash loops, OOM kills and
 failing startup probes cannot be simulated here: kwok runs no containers and makes every
-scheduled pod Running and Ready. The table tests of `operator/pods.py` (tests/operator/
-test_pods.py) cover those from realistic pod JSON.
+scheduled pod Running and Ready. The table tests of `boomerang.operator.pods`
+(operator/tests/test_pods.py) cover those from realistic pod JSON.
 """
 
 from __future__ import annotations

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import machine
 import pytest
+from bench_ttft import NEW_TOKENS, plan
 
-from boomerang.connector import calibrate, machine
-from boomerang.connector.bench_ttft import NEW_TOKENS, plan
+from boomerang.local import calibrate
 
 
 def test_the_fit_passes_through_both_samples_when_cost_per_token_grows() -> None:

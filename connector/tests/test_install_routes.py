@@ -16,14 +16,16 @@ import random
 import subprocess
 from pathlib import Path
 
+import pdclient
 import pytest
 
-from boomerang.connector import engine_venv, local, pdclient, processes
+from boomerang.connector import engine_venv
+from boomerang.local import processes, stack
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parents[2]
-PORTS = local.LocalPorts(
+PORTS = stack.LocalPorts(
     router=19080, prefill=19100, decode=19200, prefill_side_channel=19600, decode_side_channel=19700
 )
 
@@ -57,18 +59,17 @@ def test_the_pypi_route_installs_the_cuda_torch_and_its_nixl(pypi_venv) -> None:
         stdout=subprocess.PIPE,
         text=True,
         check=True,
-        env={**os.environ, "PYTHONSAFEPATH": "1"},
     )
     version, cuda, backend = json.loads(out.stdout.strip().splitlines()[-1])
     assert "+cpu" not in version and cuda is not None and backend == f"nixl_cu{cuda.split('.')[0]}"
 
 
 def test_engines_from_the_pypi_route_pull_kv_back_from_decode(pypi_venv, tmp_path) -> None:
-    dd = local.load_manifest(REPO / "examples" / "local-cpu.yaml")
+    dd = stack.load_manifest(REPO / "examples" / "local-cpu.yaml")
     env = dict(os.environ)
-    local.build_model(pypi_venv, dd.spec.model.source, env)
+    stack.build_model(pypi_venv, dd.spec.model.source, env)
     specs = [
-        local.engine_spec(
+        stack.engine_spec(
             dd, role, engine_venv=pypi_venv, ports=PORTS, run_dir=tmp_path, base_env=env
         )
         for role in ("prefill", "decode")

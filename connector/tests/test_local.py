@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from boomerang.connector import local
+from boomerang.local import stack
 from boomerang.operator import render
 
 REPO = Path(__file__).resolve().parents[2]
@@ -16,7 +16,7 @@ MANIFEST = REPO / "examples" / "local-cpu.yaml"
 
 @pytest.fixture(scope="module")
 def dd():
-    return local.load_manifest(MANIFEST)
+    return stack.load_manifest(MANIFEST)
 
 
 def kv_config(cmd: list[str]) -> dict:
@@ -25,8 +25,8 @@ def kv_config(cmd: list[str]) -> dict:
 
 @pytest.mark.parametrize("role", ["prefill", "decode"])
 def test_engine_runs_the_rendered_args_with_local_host_and_port(dd, role, tmp_path) -> None:
-    ports = local.LocalPorts()
-    spec = local.engine_spec(
+    ports = stack.LocalPorts()
+    spec = stack.engine_spec(
         dd, role, engine_venv=tmp_path / "venv", ports=ports, run_dir=tmp_path, base_env={}
     )
     python = str(tmp_path / "venv" / "bin" / "python")
@@ -48,8 +48,8 @@ def test_engine_runs_the_rendered_args_with_local_host_and_port(dd, role, tmp_pa
 
 def test_engines_get_distinct_side_channels_and_cores(dd, tmp_path) -> None:
     envs = {
-        role: local.engine_spec(
-            dd, role, engine_venv=tmp_path, ports=local.LocalPorts(), run_dir=tmp_path, base_env={}
+        role: stack.engine_spec(
+            dd, role, engine_venv=tmp_path, ports=stack.LocalPorts(), run_dir=tmp_path, base_env={}
         ).env
         for role in ("prefill", "decode")
     }
@@ -68,7 +68,7 @@ def test_engines_get_distinct_side_channels_and_cores(dd, tmp_path) -> None:
 
 
 def test_router_points_at_the_local_engines(dd) -> None:
-    cfg = local.router_settings(dd, local.LocalPorts(router=9999))
+    cfg = stack.router_settings(dd, stack.LocalPorts(router=9999))
     assert cfg["prefill"] == {"urls": ["http://127.0.0.1:8100"]}
     assert cfg["decode"] == {"urls": ["http://127.0.0.1:8200"]}
     assert (cfg["listen_host"], cfg["listen_port"]) == ("127.0.0.1", 9999)
@@ -79,4 +79,4 @@ def test_a_file_that_is_not_a_deployment_is_refused(tmp_path) -> None:
     bad = tmp_path / "x.yaml"
     bad.write_text("kind: Pod\n")
     with pytest.raises(ValueError, match="DisaggregatedDeployment"):
-        local.load_manifest(bad)
+        stack.load_manifest(bad)

@@ -24,11 +24,11 @@ import pytest
 import yaml
 
 from boomerang.connector import engine_venv as engine_venvs
-from boomerang.connector import local, processes
+from boomerang.local import processes, stack
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFEST = REPO / "examples" / "local-cpu.yaml"
-PORTS = local.LocalPorts(
+PORTS = stack.LocalPorts(
     router=18080, prefill=18100, decode=18200, prefill_side_channel=15600, decode_side_channel=15700
 )
 ENGINE_START_S = 900.0
@@ -66,7 +66,7 @@ class DataPlane:
 
     def start_engines(self, roles: tuple[str, ...] = ("prefill", "decode")) -> None:
         for role in roles:
-            spec = local.engine_spec(
+            spec = stack.engine_spec(
                 self.dd,
                 role,  # type: ignore[arg-type]
                 engine_venv=self.venv,
@@ -86,11 +86,11 @@ class DataPlane:
         """Start a router process with the rendered config plus `overrides`; returns its URL."""
         self.next_port += 1
         port = self.next_port
-        settings = local.router_settings(self.dd, PORTS, **overrides)
+        settings = stack.router_settings(self.dd, PORTS, **overrides)
         settings.update(listen_port=port, log_level="DEBUG")
         config_file = self.run_dir / f"{name}.yaml"
         config_file.write_text(yaml.safe_dump(settings))
-        spec = local.router_spec(name, config_file, port, self.run_dir, dict(os.environ))
+        spec = stack.router_spec(name, config_file, port, self.run_dir, dict(os.environ))
         self.pids[name] = processes.spawn(spec).pid
         processes.wait_healthy(spec, self.pids[name], 60.0)
         return f"http://127.0.0.1:{port}"
@@ -117,9 +117,9 @@ def dataplane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DataPlane]:
     venv = engine_venv()
     if venv is None:
         pytest.skip("engine venv not installed (make engine); CI unset")
-    dd = local.load_manifest(MANIFEST)
+    dd = stack.load_manifest(MANIFEST)
     run_dir = tmp_path_factory.mktemp("dataplane")
-    local.build_model(venv, dd.spec.model.source, dict(os.environ))
+    stack.build_model(venv, dd.spec.model.source, dict(os.environ))
     plane = DataPlane(venv=venv, run_dir=run_dir, dd=dd, model=dd.spec.model.served_name)
     try:
         plane.start_engines()

@@ -16,6 +16,7 @@ import time
 import urllib.request
 from typing import Any
 
+import pdclient
 import pytest
 from dataplane.turns import (
     LOGPROB_TOL,
@@ -29,8 +30,6 @@ from dataplane.turns import (
     same,
     words,
 )
-
-from boomerang.connector import pdclient
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 

@@ -8,9 +8,8 @@ import random
 import re
 from typing import Any
 
+import pdclient
 import pytest
-
-from boomerang.connector import pdclient
 
 MAX_TOKENS = 8
 LOGPROB_TOL = 1e-5

@@ -5,8 +5,9 @@ containerd imports (see containerd.py).
 Why it exists: the Dockerfiles start FROM public images (python:3.11-slim-bookworm,
 vllm/vllm-openai) that such a machine cannot pull. Their FROM lines take the base as a build
 argument, so this module builds two stand-ins first, a Python base from Debian bookworm's own
-packages (mmdebstrap) and a vLLM CPU base (that Python plus connector/install-engine.sh's stack),
-then builds the real Dockerfiles, unchanged but for those build arguments.
+packages (mmdebstrap) and a vLLM CPU base (that Python plus the stack that the connector's
+`install-engine.sh` installs), then builds the real Dockerfiles, unchanged but for those build
+arguments.
 
 Each build is cached under ${BOOMERANG_CACHE:-~/.cache/boomerang}/images/, keyed by a hash of its
 inputs (its Dockerfile, the files its COPY/ADD lines name, its build arguments, its base's key),

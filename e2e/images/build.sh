@@ -5,5 +5,4 @@
 # Needs Python 3.11+ (PYTHON, default python3; the standard library only).
 set -euo pipefail
 E2E="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-export PYTHONSAFEPATH=1
 PYTHONPATH="$E2E${PYTHONPATH:+:$PYTHONPATH}" exec "${PYTHON:-python3}" -m images.build "$@"

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from router_testing import EngineSpec, Fabric, FakeEngine
 
 from boomerang.router.app import create_app
 from boomerang.router.config import RouterConfig
-from boomerang.router.testing import EngineSpec, Fabric, FakeEngine
 
 
 @dataclass

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import pytest
+from router_testing import chat, filed, post, stream
 
 from boomerang.router import conversation as conv
 from boomerang.router.app import ROUTER
@@ -25,8 +26,6 @@ from boomerang.router.degraded import (
     supply,
 )
 from boomerang.router.endpoints import Pool, Role
-from boomerang.router.tests.test_flow import chat, post, stream
-from boomerang.router.tests.test_partial_reuse import filed
 
 # -- the choice of path (pure) ----------------------------------------------------------------
 

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from router_testing import free_port
 
 from boomerang.router.engine_http import ConnectError, EngineClient, HttpError, Limits
-from boomerang.router.testing import free_port
 
 LIMITS = Limits(total=5.0, connect=2.0)
 

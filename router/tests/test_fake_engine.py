@@ -9,9 +9,8 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-
-from boomerang.router.fake_tokenizer import BOS, END, ROLE_IDS, encode, render_chat
-from boomerang.router.testing import EngineSpec, Fabric, FakeEngine, Held
+from fake_tokenizer import BOS, END, ROLE_IDS, encode, render_chat
+from router_testing import EngineSpec, Fabric, FakeEngine, Held
 
 MESSAGES: list[dict[str, Any]] = [
     {"role": "system", "content": "be brief"},

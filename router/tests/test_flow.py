@@ -3,30 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
+from fake_tokenizer import render_chat
+from router_testing import chat, free_port, post, stream
+
 from boomerang.router.app import ROUTER
-from boomerang.router.fake_tokenizer import render_chat
-from boomerang.router.testing import free_port
-
-
-def chat(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    return {"model": "fake", "messages": messages, **extra}
-
-
-async def post(w: Any, body: dict[str, Any], **headers: str) -> tuple[int, Any]:
-    resp = await w.client.post("/v1/chat/completions", json=body, headers=headers)
-    return resp.status, await resp.json()
-
-
-async def stream(w: Any, body: dict[str, Any], path: str = "/v1/chat/completions") -> list[Any]:
-    resp = await w.client.post(path, json={**body, "stream": True})
-    assert resp.status == 200, await resp.text()
-    raw = (await resp.read()).decode()
-    events = [e[len("data: ") :] for e in raw.split("\n\n") if e.startswith("data: ")]
-    assert events[-1] == "[DONE]"
-    return [json.loads(e) for e in events[:-1]]
 
 
 async def two_turns(w: Any, **extra: Any) -> tuple[dict[str, Any], dict[str, Any]]:

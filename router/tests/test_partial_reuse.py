@@ -9,10 +9,10 @@ import logging
 from typing import Any
 
 import pytest
+from fake_tokenizer import render_chat
+from router_testing import chat, filed, post
 
 from boomerang.router.app import ROUTER
-from boomerang.router.fake_tokenizer import render_chat
-from boomerang.router.tests.test_flow import chat, post
 
 OPENING = "tell me how the printing press changed the way news travelled across europe, " * 2
 """A first message long enough that its blocks pass the default threshold of 64 tokens."""
@@ -29,15 +29,6 @@ def decoder_blocks(w: Any) -> list[int]:
     """The block ids D holds for the conversation's last turn (its retained handle)."""
     (held,) = [h for (engine, _), h in w.fabric.held.items() if engine == "d0"]
     return list(held.block_ids)
-
-
-async def filed(w: Any, n: int) -> None:
-    """Wait until the router filed its n-th handle (it files just after answering)."""
-    for _ in range(200):
-        if await w.metric("boomerang_router_handles_stored_total") >= n:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{n} handles were never filed")
 
 
 async def turn(w: Any, messages: list[dict[str, Any]]) -> dict[str, Any]:

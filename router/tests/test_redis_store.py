@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+from router_testing import free_port, wait_port
 
 from boomerang.router.conversation import Handle
 from boomerang.router.redis_store import RedisStore
-from boomerang.router.testing import free_port, wait_port
 
 pytestmark = pytest.mark.redis
 

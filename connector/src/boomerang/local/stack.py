@@ -1,0 +1,265 @@
+"""The local runtime: one P, one D and the router as local processes (`boomerang up`).
+
+The stack runs exactly what the operator renders for a `DisaggregatedDeployment`: engine
+arguments and environment come from `boomerang.operator.render`, the router's configuration
+from the same function that fills its ConfigMap. Only what is local is overridden: every
+listener on 127.0.0.1, one port per process, the NIXL side-channel host 127.0.0.1, OMP threads
+bound to different cores for P and D, logs and pid files under the cache directory.
+
+`plan()` is pure (manifest in, process specs out); `up()`, `down()` and `status()` do the I/O.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from boomerang.connector import config as connector
+from boomerang.connector.config import Role
+from boomerang.connector.engine_venv import engine_command
+from boomerang.connector.engine_venv import ensure as ensure_venv
+from boomerang.connector.model import cache_root
+from boomerang.local import calibrate, processes
+
+DEFAULT_MANIFEST = Path(__file__).resolve().parent / "local-cpu.yaml"
+"""The embedded default of `boomerang up` and `boomerang demo` (also `examples/local-cpu.yaml`)."""
+ENGINE_START_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class LocalPorts:
+    """Every port the local stack listens on (all on 127.0.0.1)."""
+
+    router: int = 8080
+    prefill: int = 8100
+    decode: int = 8200
+    prefill_side_channel: int = connector.SIDE_CHANNEL_PORTS["prefill"]
+    decode_side_channel: int = connector.SIDE_CHANNEL_PORTS["decode"]
+
+    def http(self, role: Role) -> int:
+        return self.prefill if role == "prefill" else self.decode
+
+    def side_channel(self, role: Role) -> int:
+        return self.prefill_side_channel if role == "prefill" else self.decode_side_channel
+
+
+OMP_BIND: Mapping[Role, str] = {"prefill": "0", "decode": "1"}
+"""P and D on different cores: on two cores they otherwise fight over the same one."""
+
+
+def load_manifest(path: Path) -> Any:
+    """Parse and validate a DisaggregatedDeployment manifest with the operator's API model."""
+    from boomerang.operator.api import DisaggregatedDeployment
+
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"cannot read manifest {path}: {exc}") from exc
+    if not isinstance(data, dict) or data.get("kind") != "DisaggregatedDeployment":
+        raise ValueError(f"{path} is not a DisaggregatedDeployment manifest")
+    return DisaggregatedDeployment.model_validate(data)
+
+
+def engine_local_env(role: Role, ports: LocalPorts) -> dict[str, str]:
+    """The local overrides on top of the rendered engine environment."""
+    return {
+        "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+        "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ports.side_channel(role)),
+        "VLLM_CPU_OMP_THREADS_BIND": OMP_BIND[role],
+        "BOOMERANG_KV_CPUS": OMP_BIND[role],
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+
+
+def engine_spec(
+    dd: Any,
+    role: Role,
+    *,
+    engine_venv: Path,
+    ports: LocalPorts,
+    run_dir: Path,
+    base_env: Mapping[str, str],
+) -> processes.ProcessSpec:
+    """How to run one role's engine locally, from the operator's rendering of the manifest."""
+    from boomerang.operator import render
+
+    settings = dataclasses.replace(
+        render.engine_settings(dd, role), host="127.0.0.1", port=ports.http(role)
+    )
+    args = connector.engine_args(role, settings, render.kv_settings(dd, role))
+    env = {**base_env, **render.engine_env(dd, role), **engine_local_env(role, ports)}
+    return processes.ProcessSpec(
+        name=role,
+        cmd=[*engine_command(engine_venv), *args],
+        env=env,
+        log=run_dir / f"{role}.log",
+        health_url=f"http://127.0.0.1:{ports.http(role)}/health",
+    )
+
+
+def router_settings(dd: Any, ports: LocalPorts, **overrides: Any) -> dict[str, Any]:
+    """The router's configuration (as its YAML file holds it), pointed at the local engines;
+    `overrides` merge into it (a nested mapping such as `timeouts` keeps its other keys)."""
+    from boomerang.operator import render
+    from boomerang.operator.merge import deep_merge
+
+    data = render.router_config(
+        dd,
+        {"urls": [f"http://127.0.0.1:{ports.prefill}"]},
+        {"urls": [f"http://127.0.0.1:{ports.decode}"]},
+    )
+    data.update(listen_host="127.0.0.1", listen_port=ports.router, log_json=False)
+    if data.get("store", {}).get("kind") == "redis" and data["store"].get("url") == (
+        "redis://from-env"
+    ):
+        raise ValueError("the local runtime needs spec.router.store.url for a redis store")
+    return deep_merge(data, overrides)
+
+
+def router_spec(
+    name: str, config_file: Path, port: int, run_dir: Path, base_env: Mapping[str, str]
+) -> processes.ProcessSpec:
+    return processes.ProcessSpec(
+        name=name,
+        cmd=[sys.executable, "-m", "boomerang.router", "--config", str(config_file)],
+        env=dict(base_env),
+        log=run_dir / f"{name}.log",
+        health_url=f"http://127.0.0.1:{port}/health",
+    )
+
+
+def run_dir(env: Mapping[str, str] | None = None) -> Path:
+    root: Path = cache_root(dict(os.environ if env is None else env))
+    return root / "local"
+
+
+def ensure_engine_venv() -> Path:
+    """The engine venv (installed on first use, cached), with this Boomerang linked in."""
+    venv = ensure_venv()
+    assert venv is not None  # ensure() builds it or raises
+    return venv
+
+
+def build_model(engine_venv: Path, source: str, env: Mapping[str, str]) -> None:
+    """Build a `builtin://` model once, before P and D start (each would wait for it)."""
+    if not source.startswith("builtin://"):
+        return
+    name = source.removeprefix("builtin://")
+    cmd = [str(engine_venv / "bin" / "python"), "-m", "boomerang.connector.model", name]
+    subprocess.run(cmd, check=True, env=dict(env), stdout=subprocess.DEVNULL)
+
+
+def _state_file(rdir: Path) -> Path:
+    return rdir / "state.json"
+
+
+def read_state(rdir: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(_state_file(rdir).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _write_state(rdir: Path, state: dict[str, Any]) -> None:
+    tmp = _state_file(rdir).with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2))
+    tmp.replace(_state_file(rdir))
+
+
+def up(manifest: Path, ports: LocalPorts | None = None, log: Any = print) -> str:
+    """Start P, D and the router; returns the OpenAI base URL. Stops everything on failure."""
+    ports = ports or LocalPorts()
+    dd = load_manifest(manifest)
+    rdir = run_dir()
+    state = read_state(rdir)
+    if state and any(processes.alive(p["pid"]) for p in state.get("processes", [])):
+        raise RuntimeError(f"a local stack is already up ({state.get('endpoint')}): boomerang down")
+    rdir.mkdir(parents=True, exist_ok=True)
+    venv = ensure_engine_venv()
+    base_env = dict(os.environ)
+    log(f"Building model {dd.spec.model.source} (cached after the first run)")
+    build_model(venv, dd.spec.model.source, base_env)
+    config_file = rdir / "router.yaml"
+    specs = [
+        engine_spec(dd, r, engine_venv=venv, ports=ports, run_dir=rdir, base_env=base_env)
+        for r in connector.ROLES
+    ]
+    specs.append(router_spec("router", config_file, ports.router, rdir, base_env))
+    endpoint = f"http://127.0.0.1:{ports.router}/v1"
+    state = {"name": dd.name, "endpoint": endpoint, "model": dd.spec.model.served_name}
+    state["engines"] = {r: f"http://127.0.0.1:{ports.http(r)}" for r in connector.ROLES}
+    state["processes"] = []
+    try:
+        # Engines first (they start together), the router once they answer: it would otherwise
+        # eject them as unhealthy while they load.
+        _start(specs[:2], state, rdir, log)
+        settings = router_settings(dd, ports, timeouts=calibrated_timeouts(dd, ports, log))
+        config_file.write_text(yaml.safe_dump(settings, sort_keys=True))
+        _start(specs[2:], state, rdir, log)
+    except BaseException:
+        down(log=lambda _msg: None)
+        raise
+    return endpoint
+
+
+def calibrated_timeouts(dd: Any, ports: LocalPorts, log: Any) -> dict[str, float]:
+    """The router's prefill-bound timeouts, from P's measured speed at the longest prompt."""
+    longest = dd.spec.model.max_model_len or calibrate.DEFAULT_LONGEST
+    cost = calibrate.measure(f"http://127.0.0.1:{ports.prefill}", dd.spec.model.served_name)
+    timeouts = calibrate.router_timeouts(cost, longest)
+    log(
+        f"Measured prefill {cost.rate(1024):.0f} tokens/s at 1024 tokens; router prefill "
+        f"timeout {timeouts['prefill_s']:.0f}s for {longest}-token prompts"
+    )
+    return timeouts
+
+
+def _start(specs: list[processes.ProcessSpec], state: dict[str, Any], rdir: Path, log: Any) -> None:
+    pids = []
+    for spec in specs:
+        proc = processes.spawn(spec)
+        pids.append(proc.pid)
+        state["processes"].append({"name": spec.name, "pid": proc.pid, "log": str(spec.log)})
+        _write_state(rdir, state)
+        log(f"Started {spec.name} pid={proc.pid} log={spec.log}")
+    for spec, pid in zip(specs, pids, strict=True):
+        took = processes.wait_healthy(spec, pid, ENGINE_START_TIMEOUT_S)
+        log(f"Ready {spec.name} after {took:.0f}s ({spec.health_url})")
+
+
+def down(log: Any = print) -> int:
+    """Stop the local stack (router first, so no request reaches a stopping engine)."""
+    rdir = run_dir()
+    state = read_state(rdir)
+    if not state:
+        log("No local stack is up")
+        return 0
+    stopped = 0
+    for entry in reversed(state.get("processes", [])):
+        if processes.alive(entry["pid"]):
+            processes.stop(entry["pid"])
+            stopped += 1
+            log(f"Stopped {entry['name']} pid={entry['pid']}")
+    _state_file(rdir).unlink(missing_ok=True)
+    return stopped
+
+
+def status() -> dict[str, Any] | None:
+    """The recorded stack with each process's liveness and health."""
+    state = read_state(run_dir())
+    if not state:
+        return None
+    for entry in state.get("processes", []):
+        entry["alive"] = processes.alive(entry["pid"])
+    return state

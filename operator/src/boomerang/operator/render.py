@@ -1,0 +1,171 @@
+"""Resolve a `DisaggregatedDeployment` into the settings each component runs with.
+
+These are the decisions shared by the Kubernetes builders and the local runtime
+(`boomerang up`): names, labels, the engine's vLLM arguments and environment, the router's
+configuration. Builders turn them into Kubernetes objects; the local runtime turns them into
+processes. Both call the same functions, so a local stack runs exactly what the operator renders.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from boomerang.connector import config as connector
+from boomerang.connector.config import EngineSettings, KVTransferSettings, Role
+from boomerang.operator.api import DisaggregatedDeployment, EnvVar, RoleSpec, parse_duration
+
+MANAGER = "boomerang-operator"
+ROUTER_PORT = 8080
+ROUTER_CONFIG_KEY = "router.yaml"
+ROUTER_CONFIG_DIR = "/etc/boomerang"
+API_KEYS_DIR = "/etc/boomerang/api-keys"
+MODELS_DIR = "/models"
+
+LABEL_DEPLOYMENT = "boomerang.dev/deployment"
+LABEL_ROLE = "boomerang.dev/role"
+ANNOTATION_CONFIG_HASH = "boomerang.dev/config-hash"
+ANNOTATION_ENGINE_REVISION = "boomerang.dev/engine-revision"
+
+
+def role_spec(dd: DisaggregatedDeployment, role: Role) -> RoleSpec:
+    return dd.spec.prefill if role == "prefill" else dd.spec.decode
+
+
+def child_name(dd: DisaggregatedDeployment, component: str) -> str:
+    """`<name>-prefill`, `<name>-decode`, `<name>-router`: one name per component."""
+    return f"{dd.name}-{component}"
+
+
+def selector_labels(dd: DisaggregatedDeployment, component: str) -> dict[str, str]:
+    """The immutable labels that select one component's pods."""
+    return {LABEL_DEPLOYMENT: dd.name, LABEL_ROLE: component}
+
+
+def labels(dd: DisaggregatedDeployment, component: str) -> dict[str, str]:
+    """Recommended Kubernetes labels plus the selector labels."""
+    return {
+        "app.kubernetes.io/name": "boomerang",
+        "app.kubernetes.io/instance": dd.name,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": MANAGER,
+        **selector_labels(dd, component),
+    }
+
+
+def stable_hash(value: Any) -> str:
+    """A short content hash of any JSON-able value (used to roll pods on change)."""
+    data = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(data.encode()).hexdigest()[:16]
+
+
+def kv_settings(dd: DisaggregatedDeployment, role: Role) -> KVTransferSettings:
+    """The kv-transfer settings of one role, defaults resolved."""
+    kv = dd.spec.kv_transfer
+    gpus = role_spec(dd, role).resources.gpus
+    return KVTransferSettings(
+        bidirectional=kv.bidirectional,
+        recompute_threshold=kv.recompute_threshold,
+        decoder_blocks_ttl_s=round(parse_duration(kv.decoder_blocks_ttl)),
+        lease_duration_s=round(parse_duration(kv.lease_duration)),
+        backend=dd.spec.backend,
+        load_failure_policy=kv.load_failure_policy,
+        buffer_device="cuda" if gpus > 0 else "cpu",
+    )
+
+
+def engine_settings(dd: DisaggregatedDeployment, role: Role) -> EngineSettings:
+    """What one role's engine serves, with the model URI left for the entrypoint to resolve."""
+    spec = role_spec(dd, role)
+    model = dd.spec.model
+    return EngineSettings(
+        model=model.source,
+        served_model_name=model.served_name,
+        max_model_len=model.max_model_len,
+        dtype=model.dtype,
+        tensor_parallel_size=spec.tensor_parallel_size,
+        prefix_caching=spec.prefix_caching,
+        extra_args=tuple(dd.spec.engine.extra_args) + tuple(spec.extra_args),
+    )
+
+
+def engine_args(dd: DisaggregatedDeployment, role: Role) -> list[str]:
+    return connector.engine_args(role, engine_settings(dd, role), kv_settings(dd, role))
+
+
+def engine_env(dd: DisaggregatedDeployment, role: Role) -> dict[str, str]:
+    """Literal env of one role's engine: connector env, then the user's (user wins)."""
+    env = connector.engine_env(role, kv_settings(dd, role), efa=dd.spec.efa)
+    for var in user_env(dd, role):
+        if var.value is not None:
+            env[var.name] = var.value
+    return env
+
+
+def user_env(dd: DisaggregatedDeployment, role: Role) -> list[EnvVar]:
+    return list(dd.spec.engine.env) + list(role_spec(dd, role).env)
+
+
+def engine_revision(dd: DisaggregatedDeployment) -> str:
+    """What P and D must agree on to handshake: the engine build and the connector protocol.
+
+    Both roles' pod templates carry it, so changing it rolls both roles together.
+    """
+    kv = dd.spec.kv_transfer
+    return stable_hash([dd.spec.engine.image, kv.connector, kv.bidirectional, dd.spec.backend])
+
+
+def router_config(
+    dd: DisaggregatedDeployment,
+    prefill: dict[str, Any] | None = None,
+    decode: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The router's configuration file, as the router reads it; endpoints default to the roles'
+    headless Services.
+
+    A plain document, not the router's own model: the operator ships configuration to the
+    router and never imports it. The operator's tests validate every rendered document with
+    the router's `RouterConfig`, so the two cannot drift apart unnoticed.
+    """
+
+    def discovered(role: Role) -> dict[str, Any]:
+        service = {"namespace": dd.namespace, "service": child_name(dd, role)}
+        return {"kubernetes": {**service, "port": connector.HTTP_PORT}}
+
+    store = dd.spec.router.store
+    config: dict[str, Any] = {
+        "listen_port": ROUTER_PORT,
+        "model": dd.spec.model.served_name,
+        "prefill": prefill or discovered("prefill"),
+        "decode": decode or discovered("decode"),
+        "bidirectional": dd.spec.kv_transfer.bidirectional,
+        "decoder_blocks_ttl_s": parse_duration(dd.spec.kv_transfer.decoder_blocks_ttl),
+        "recompute_threshold": dd.spec.kv_transfer.recompute_threshold,
+        "handle_ttl_s": dd.spec.router_ttl_seconds,
+        "store": {"kind": store.type, "url": store.url or _secret_placeholder(store.type)},
+        "api_keys_file": _api_keys_file(dd),
+    }
+    return _without_none(config)
+
+
+def _without_none(data: dict[str, Any]) -> dict[str, Any]:
+    """Unset keys are left out, so the router's own defaults apply."""
+    return {
+        k: _without_none(v) if isinstance(v, dict) else v for k, v in data.items() if v is not None
+    }
+
+
+def _secret_placeholder(store_type: str) -> str | None:
+    """A redis URL that comes from a Secret is injected as BOOMERANG_REDIS_URL at run time."""
+    return "redis://from-env" if store_type == "redis" else None
+
+
+def _api_keys_file(dd: DisaggregatedDeployment) -> str | None:
+    ref = dd.spec.router.api_key_secret_ref
+    return f"{API_KEYS_DIR}/{ref.key}" if ref else None
+
+
+def router_url(dd: DisaggregatedDeployment) -> str:
+    port = dd.spec.router.service.port
+    return f"http://{child_name(dd, 'router')}.{dd.namespace}.svc:{port}/v1"

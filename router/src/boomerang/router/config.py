@@ -1,0 +1,317 @@
+"""The router's configuration: one pydantic model, loaded from YAML, then env, then CLI flags.
+
+Why one model: the operator renders this YAML into a ConfigMap with
+`RouterConfig(...).model_dump(mode="json", exclude_none=True)`, the CLI and the tests build it
+in-process, and validation (for example the handle TTL staying below the decoder's block TTL)
+happens in exactly one place. Field names are snake_case and stable: they are an API.
+
+Precedence: defaults < YAML file < environment (`BOOMERANG_*`) < command-line flags.
+Secrets never need to be in the file: `BOOMERANG_REDIS_URL` and `BOOMERANG_API_KEYS_FILE`
+override the store URL and the API keys file (the operator passes them from a Secret).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from boomerang.connector.config import P_DECLINE_WINDOW_S, default_handle_ttl
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class KubernetesSource(_Model):
+    """Discover engine pods from the EndpointSlices of a headless Service."""
+
+    namespace: str = Field(description="Namespace of the Service.")
+    service: str = Field(
+        description="Service name; slices labelled kubernetes.io/service-name=<service> "
+        "are watched."
+    )
+    port: int = Field(default=8000, ge=1, le=65535, description="Engine HTTP port on each pod.")
+
+
+class EndpointSource(_Model):
+    """Where one role's engines are: exactly one of a static URL list or Kubernetes discovery."""
+
+    urls: list[str] | None = Field(
+        default=None, description='Static engine base URLs, e.g. "http://10.0.0.5:8000".'
+    )
+    kubernetes: KubernetesSource | None = Field(
+        default=None,
+        description="Watch ready endpoints of a headless Service; each endpoint is one pod IP.",
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> EndpointSource:
+        if (self.urls is None) == (self.kubernetes is None):
+            raise ValueError("set exactly one of `urls` or `kubernetes`")
+        if self.urls is not None:
+            if not self.urls:
+                raise ValueError("`urls` must name at least one engine")
+            self.urls = [u.rstrip("/") for u in self.urls]
+            for url in self.urls:
+                if not url.startswith(("http://", "https://")):
+                    raise ValueError(f"engine URL must start with http:// or https://: {url!r}")
+        return self
+
+
+class StoreConfig(_Model):
+    """Where conversation handles live."""
+
+    kind: Literal["memory", "redis"] = Field(
+        default="memory",
+        description="memory: one router replica; redis: shared by several replicas.",
+    )
+    url: str | None = Field(
+        default=None,
+        description="Redis URL (redis://host:6379/0); env BOOMERANG_REDIS_URL overrides it.",
+    )
+    max_conversations: int = Field(
+        default=200_000,
+        ge=1,
+        description="Cap on stored conversations (memory store evicts the oldest beyond it).",
+    )
+    key_prefix: str = Field(
+        default="boomerang:router:", description="Prefix of every Redis key the router writes."
+    )
+    sweep_interval_s: float = Field(
+        default=10.0, gt=0, description="How often the memory store drops expired handles."
+    )
+
+    @model_validator(mode="after")
+    def _redis_has_url(self) -> StoreConfig:
+        if self.kind == "redis" and not self.url:
+            raise ValueError("store.kind=redis needs store.url (or env BOOMERANG_REDIS_URL)")
+        return self
+
+
+class Timeouts(_Model):
+    """Every upstream call is bounded; values in seconds."""
+
+    connect_s: float = Field(default=3.0, gt=0, description="TCP connect to an engine.")
+    prefill_s: float = Field(default=120.0, gt=0, description="Whole prefill request.")
+    decode_first_byte_s: float = Field(
+        default=120.0, gt=0, description="From sending to D until its response headers arrive."
+    )
+    decode_total_s: float = Field(default=900.0, gt=0, description="Whole decode request.")
+    tokenize_s: float = Field(default=10.0, gt=0, description="Tokenize call used to verify reuse.")
+    probe_s: float = Field(default=3.0, gt=0, description="One health probe.")
+
+
+class HealthConfig(_Model):
+    """Passive ejection and active probing of engines."""
+
+    probe_interval_s: float = Field(default=5.0, gt=0, description="Active /health probe period.")
+    eject_after_failures: int = Field(
+        default=3, ge=1, description="Consecutive failures that eject an engine from selection."
+    )
+    readmit_after_successes: int = Field(
+        default=1, ge=1, description="Successful probes that bring an ejected engine back."
+    )
+
+
+class RouterConfig(_Model):
+    """Everything the router needs; see the module docstring for precedence."""
+
+    listen_host: str = Field(default="0.0.0.0", description="Address to listen on.")
+    listen_port: int = Field(default=8080, ge=0, le=65535, description="Port to listen on.")
+    model: str | None = Field(
+        default=None,
+        description="Served model name; when set, requests for another model get 404.",
+    )
+    prefill: EndpointSource = Field(description="The prefill engines.")
+    decode: EndpointSource = Field(description="The decode engines.")
+    bidirectional: bool = Field(
+        default=True,
+        description="Attach D's retained KV params to P; only true when P runs bidirectional.",
+    )
+    decoder_blocks_ttl_s: float = Field(
+        default=480.0, gt=0, description="D's decoder_kv_blocks_ttl (how long D pins blocks)."
+    )
+    recompute_threshold: int = Field(
+        default=64,
+        ge=0,
+        description="P's kv_recompute_threshold: a partial reuse (the whole blocks of D that "
+        "the new prompt shares) of fewer tokens than this is not offered; P computes instead.",
+    )
+    partial_reuse: bool = Field(
+        default=True,
+        description="When the new prompt diverges from D's tokens, attach D's handle narrowed to "
+        "the whole blocks of the common prefix; false: full hits only (all or nothing).",
+    )
+    handle_ttl_s: float | None = Field(
+        default=None,
+        description="How long the router offers a handle; default derived below the decoder TTL.",
+    )
+    store: StoreConfig = Field(default_factory=StoreConfig, description="Conversation store.")
+    api_keys_file: str | None = Field(
+        default=None,
+        description="One API key per line, optionally `key tenant`; set = Bearer auth required. "
+        "Re-read when it changes (a Secret update); an unreadable or empty update is ignored.",
+    )
+    api_keys_poll_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="How often the API keys file is checked for a change (inode, size, mtime).",
+    )
+    tenant_header: str | None = Field(
+        default=None,
+        description="Without API keys: take the tenant from this request header (only behind a "
+        "gateway that sets it and strips it from clients).",
+    )
+    engine_api_key: str | None = Field(
+        default=None,
+        description="Bearer key for engines started with --api-key; prefer env "
+        "BOOMERANG_ENGINE_API_KEY.",
+    )
+    timeouts: Timeouts = Field(default_factory=Timeouts, description="Upstream timeouts.")
+    health: HealthConfig = Field(default_factory=HealthConfig, description="Engine health.")
+    max_request_bytes: int = Field(
+        default=8 * 1024 * 1024, ge=1024, description="Largest accepted request body."
+    )
+    max_inflight: int = Field(
+        default=1024,
+        ge=0,
+        description="Completion requests one replica serves at once; beyond it 429 with "
+        "Retry-After (no engine called). 0: unlimited. Health, metrics and models are exempt.",
+    )
+    overload_retry_after_s: int = Field(
+        default=1, ge=1, description="The Retry-After (seconds) of a 429 at the in-flight limit."
+    )
+    prefill_retries: int = Field(
+        default=2, ge=0, description="Extra prefill attempts on other engines after a failure."
+    )
+    decode_retries: int = Field(
+        default=2, ge=0, description="Extra decode attempts before the first byte reached a client."
+    )
+    decode_affinity_slack: int = Field(
+        default=4,
+        ge=0,
+        description="Keep a conversation on its D unless it has this many more in-flight requests "
+        "than the least loaded D.",
+    )
+    single_engine_fallback: bool = Field(
+        default=True,
+        description="When one role has no engine for a turn (none listed, all ejected, or "
+        "every one tried failed), serve it as a plain request on one engine of the other role, "
+        "without KV reuse (a one-replica role's pod restarting); false: fail the turn (503, or "
+        "502/504 after failures).",
+    )
+    fingerprint_conversations: bool = Field(
+        default=True,
+        description="Find a conversation by its content when the client sends no conversation_id.",
+    )
+    decode_stream_params: Literal["auto", "yes", "no"] = Field(
+        default="auto",
+        description="Whether D's streamed final chunk carries kv_transfer_params: auto detects "
+        "per engine (version >= 0.33 or observed), yes/no force it.",
+    )
+    stream_without_params: Literal["buffer", "stream"] = Field(
+        default="buffer",
+        description="For a streaming client when D cannot stream its params: buffer = call D "
+        "non-streaming and re-emit SSE (keeps reuse), stream = stream and lose reuse.",
+    )
+    log_level: str = Field(default="INFO", description="Python log level.")
+    log_json: bool = Field(default=True, description="One JSON object per log line.")
+
+    @model_validator(mode="after")
+    def _ttl_below_decoder(self) -> RouterConfig:
+        limit = self.decoder_blocks_ttl_s - P_DECLINE_WINDOW_S
+        if self.handle_ttl_s is not None:
+            if not 0 < self.handle_ttl_s < limit:
+                raise ValueError(
+                    f"handle_ttl_s must be > 0 and strictly below decoder_blocks_ttl_s - "
+                    f"{P_DECLINE_WINDOW_S:g} s = {limit:g} s, got {self.handle_ttl_s:g}"
+                )
+        elif default_handle_ttl(self.decoder_blocks_ttl_s) <= 0:
+            raise ValueError(f"decoder_blocks_ttl_s={self.decoder_blocks_ttl_s:g} is too short")
+        return self
+
+    @property
+    def effective_handle_ttl_s(self) -> float:
+        """The TTL the router really uses for handles."""
+        if self.handle_ttl_s is not None:
+            return self.handle_ttl_s
+        return default_handle_ttl(self.decoder_blocks_ttl_s)
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> RouterConfig:
+        """Defaults < YAML at `path` < `env` < `overrides` (already-parsed CLI values)."""
+        data: dict[str, Any] = {}
+        if path is not None:
+            loaded = yaml.safe_load(Path(path).read_text()) or {}
+            if not isinstance(loaded, dict):
+                raise ValueError(f"{path}: the top level must be a mapping")
+            data = loaded
+        data = _merge(data, env_overrides(env or {}))
+        data = _merge(data, dict(overrides or {}))
+        return cls.model_validate(data)
+
+
+_ENV_SCALARS: dict[str, tuple[str, ...]] = {
+    "BOOMERANG_ROUTER_LISTEN_HOST": ("listen_host",),
+    "BOOMERANG_ROUTER_LISTEN_PORT": ("listen_port",),
+    "BOOMERANG_ROUTER_MODEL": ("model",),
+    "BOOMERANG_ROUTER_BIDIRECTIONAL": ("bidirectional",),
+    "BOOMERANG_ROUTER_DECODER_BLOCKS_TTL_S": ("decoder_blocks_ttl_s",),
+    "BOOMERANG_ROUTER_HANDLE_TTL_S": ("handle_ttl_s",),
+    "BOOMERANG_ROUTER_RECOMPUTE_THRESHOLD": ("recompute_threshold",),
+    "BOOMERANG_ROUTER_PARTIAL_REUSE": ("partial_reuse",),
+    "BOOMERANG_ROUTER_SINGLE_ENGINE_FALLBACK": ("single_engine_fallback",),
+    "BOOMERANG_ROUTER_LOG_LEVEL": ("log_level",),
+    "BOOMERANG_REDIS_URL": ("store", "url"),
+    "BOOMERANG_API_KEYS_FILE": ("api_keys_file",),
+    "BOOMERANG_ROUTER_API_KEYS_POLL_S": ("api_keys_poll_s",),
+    "BOOMERANG_ROUTER_MAX_INFLIGHT": ("max_inflight",),
+    "BOOMERANG_ROUTER_OVERLOAD_RETRY_AFTER_S": ("overload_retry_after_s",),
+    "BOOMERANG_ENGINE_API_KEY": ("engine_api_key",),
+}
+_ENV_LISTS: dict[str, tuple[str, ...]] = {
+    "BOOMERANG_ROUTER_PREFILL_URLS": ("prefill",),
+    "BOOMERANG_ROUTER_DECODE_URLS": ("decode",),
+}
+
+
+def env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+    """The config fragment that `BOOMERANG_*` variables set (pure: env is passed in)."""
+    out: dict[str, Any] = {}
+    for name, path in _ENV_SCALARS.items():
+        if env.get(name):
+            _set(out, path, env[name])
+    for name, path in _ENV_LISTS.items():
+        if env.get(name):
+            urls = [u.strip() for u in env[name].split(",") if u.strip()]
+            _set(out, path, {"urls": urls})
+    return out
+
+
+def _set(data: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    node = data
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
+
+
+def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep-merge `top` over `base`; an endpoint source given on top replaces the base's."""
+    out = dict(base)
+    for key, value in top.items():
+        replace = key in ("prefill", "decode")
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping) and not replace:
+            out[key] = _merge(dict(out[key]), value)
+        else:
+            out[key] = value
+    return out

@@ -1,0 +1,381 @@
+"""Fake vLLM prefill and decode engines that keep the P/D protocol faithfully, for tests.
+
+What is faithful: the request/response shapes of vLLM's OpenAI server (chat and text
+completions, streaming and not, `return_token_ids`, `/tokenize`, `/version`, `/health`), the
+kv_transfer_params P and D exchange, and the rules of the NIXL connector: P holds its blocks
+for D under a lease, D pins prompt + output minus the last sampled token for the decoder TTL,
+every read frees the blocks it read, an expired handle is declined (P recomputes) and vLLM
+streams D's params only from 0.33 (`stream_params`), a plain request (no kv_transfer_params)
+is served by either role like a single engine would, and `/metrics` carries vLLM's
+`vllm:cache_config_info` gauge with the engine's KV block size (`block_size`). Blocks are
+numbered per engine and each remembers the token ids it holds; what a real engine silently gets
+wrong (reading freed blocks, or blocks and token counts that do not hold the reader's prompt,
+as a wrongly narrowed handle would make it) the shared `Fabric` (`fake_fabric.py`) records in
+`violations`, so a test can assert that the router never causes it.
+
+The tokenizer and chat template are in `fake_tokenizer.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from fake_fabric import Fabric, Held
+from fake_responses import (
+    chunk_choice,
+    completion_response,
+    json_reply,
+    loads_lenient,
+    response_base,
+    sse_event,
+    usage,
+)
+from fake_tokenizer import (
+    BOS,
+    END,
+    END_THINK,
+    THINK,
+    decode_ids,
+    encode,
+    render_chat,
+    reply_for,
+)
+
+__all__ = ["EngineSpec", "Fabric", "FakeEngine", "Held", "free_port", "wait_port"]
+
+
+def free_port() -> int:
+    """A loopback TCP port that nothing listens on (for a fake engine, Redis, or a dead peer)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout_s: float) -> bool:
+    """Whether something accepts connections on loopback `port` within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return True
+        except OSError:
+            time.sleep(0.05)
+    return False
+
+
+@dataclass
+class EngineSpec:
+    """Knobs of one fake engine."""
+
+    role: str
+    engine_id: str
+    fabric: Fabric
+    version: str = "0.32.0"
+    stream_params: bool = False
+    bidirectional: bool = True
+    decoder_ttl_s: float = 480.0
+    block_size: int = 16
+    """KV block size in tokens: how blocks are cut, and what `/metrics` reports."""
+    block_size_metric: bool = True
+    """False: `/metrics` has no `vllm:cache_config_info` (an engine that does not say)."""
+    lease_s: float = 30.0
+    reply_words: int = 4
+    reasoning: bool = False
+    delay_s: float = 0.0
+    fail_status: int | None = None
+    """Answer completions with this HTTP status (simulates a broken engine)."""
+    healthy: bool = True
+    """False: /health answers 503 (an engine that is down or restarting)."""
+    api_key: str | None = None
+    """Like vLLM's --api-key: completions and tokenize need this Bearer key."""
+    chunk_delay_s: float = 0.0
+    """Pause between streamed chunks (to test disconnects mid-stream)."""
+    disconnected: int = 0
+    """Streams whose reader went away before the end."""
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    record_calls: bool = True
+    """False: leave `calls` empty (a long benchmark would keep every request body)."""
+    tokenize_calls: int = 0
+    seen_return_token_ids: bool = False
+    request_ids: list[str | None] = field(default_factory=list)
+    """The `X-Request-Id` of every completion and tokenize call (when `record_calls`)."""
+
+
+class FakeEngine:
+    """One fake vLLM OpenAI server in a P or D role."""
+
+    def __init__(self, spec: EngineSpec) -> None:
+        self.spec = spec
+        self._ids = itertools.count(1)
+        self._blocks = itertools.count()
+
+    def app(self) -> web.Application:
+        """The aiohttp app serving this engine."""
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._completion)
+        app.router.add_post("/v1/completions", self._completion)
+        app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/version", self._version)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/metrics", self._metrics)
+        return app
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        lines = ["# TYPE vllm:num_requests_running gauge", "vllm:num_requests_running 0.0"]
+        if self.spec.block_size_metric:
+            labels = f'cache_dtype="auto",block_size="{self.spec.block_size}",engine="0"'
+            lines += [
+                "# TYPE vllm:cache_config_info gauge",
+                f"vllm:cache_config_info{{{labels}}} 1.0",
+            ]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    def _hold(self, rid: str, tokens: list[int], expiry: float) -> list[int]:
+        """Blocks for `tokens`, held on the fabric for a remote reader; their ids."""
+        size = self.spec.block_size
+        ids = [next(self._blocks) for _ in range(-(-len(tokens) // size))]
+        self.spec.fabric.held[(self.spec.engine_id, rid)] = Held(tokens, expiry, ids, size)
+        return ids
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="", status=200 if self.spec.healthy else 503)
+
+    async def _version(self, request: web.Request) -> web.Response:
+        return json_reply({"version": self.spec.version})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return json_reply({"object": "list", "data": [{"id": "fake", "object": "model"}]})
+
+    def _authorized(self, request: web.Request) -> bool:
+        key = self.spec.api_key
+        return key is None or request.headers.get("Authorization") == f"Bearer {key}"
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return json_reply({"error": "Unauthorized"}, status=401)
+        body = loads_lenient(await request.read())
+        self.spec.tokenize_calls += 1
+        if self.spec.record_calls:
+            self.spec.request_ids.append(request.headers.get("X-Request-Id"))
+        ids = self._prompt_ids(body)
+        return json_reply({"count": len(ids), "max_model_len": 1 << 20, "tokens": ids})
+
+    def _prompt_ids(self, body: dict[str, Any]) -> list[int]:
+        if "messages" in body:
+            kwargs = body.get("chat_template_kwargs") or {}
+            gen = body.get("add_generation_prompt", kwargs.get("add_generation_prompt", True))
+            return render_chat(body["messages"], gen)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list):
+            return list(prompt)
+        special = [BOS] if body.get("add_special_tokens", True) else []
+        return special + encode(prompt or "")
+
+    async def _completion(self, request: web.Request) -> web.StreamResponse:
+        if not self._authorized(request):
+            return json_reply({"error": "Unauthorized"}, status=401)
+        body = loads_lenient(await request.read())
+        if self.spec.record_calls:
+            self.spec.calls.append(body)
+            self.spec.request_ids.append(request.headers.get("X-Request-Id"))
+        if self.spec.delay_s:
+            await asyncio.sleep(self.spec.delay_s)
+        if self.spec.fail_status is not None:
+            return json_reply(
+                {"error": {"message": "engine failure", "code": self.spec.fail_status}},
+                status=self.spec.fail_status,
+            )
+        if body.get("prompt") == "" or body.get("messages") == []:
+            return json_reply({"error": {"message": "empty prompt"}}, status=400)
+        self.spec.seen_return_token_ids |= bool(body.get("return_token_ids"))
+        prompt_ids = self._prompt_ids(body)
+        params = body.get("kv_transfer_params") or None
+        rid = f"req-{self.spec.engine_id}-{next(self._ids)}"
+        if self.spec.role == "prefill" and params is not None:
+            return json_reply(self._prefill(body, prompt_ids, params, rid))
+        # D, or P given a plain request (no kv_transfer_params): vLLM serves it like a single
+        # engine, generating the whole answer and retaining nothing.
+        return await self._decode(request, body, prompt_ids, params, rid)
+
+    def _params(
+        self, rid: str, blocks: list[int], num_tokens: int, expiry: float | None, is_d: bool
+    ) -> dict[str, Any]:
+        return {
+            "do_remote_prefill": not is_d,
+            "do_remote_decode": is_d,
+            "remote_block_ids": [blocks],
+            "remote_engine_id": self.spec.engine_id,
+            "remote_request_id": rid,
+            "remote_host": "127.0.0.1",
+            "remote_port": 5600,
+            "tp_size": 1,
+            "dcp_size": 1,
+            "pp_size": 1,
+            "remote_num_tokens": num_tokens,
+            "remote_blocks_expiry_time": expiry,
+            "transfer_mode": "pull",
+        }
+
+    def _prefill(
+        self, body: dict[str, Any], ids: list[int], params: dict[str, Any] | None, rid: str
+    ) -> dict[str, Any]:
+        fab = self.spec.fabric
+        if body.get("stream") or body.get("max_tokens") != 1:
+            fab.violations.append("prefill got a streaming or multi-token request")
+        if params and params.get("do_remote_decode") and params.get("remote_block_ids"):
+            if not self.spec.bidirectional:
+                fab.violations.append("handle sent to a prefill engine without bidirectional")
+            _read(fab, params, ids, "prefill")
+        blocks = self._hold(rid, list(ids), time.perf_counter() + self.spec.lease_s)
+        out = completion_response(
+            body, rid, "x", [ids[-1] % 97], "length", ids, body.get("return_token_ids")
+        )
+        out["kv_transfer_params"] = self._params(rid, blocks, len(ids), None, is_d=False)
+        return out
+
+    def _generate(self, body: dict[str, Any], ids: list[int]) -> tuple[str, list[int], str, str]:
+        """(content, output ids, finish reason, reasoning)."""
+        text = reply_for(ids, self.spec.reply_words)
+        reasoning = "let me think" if self.spec.reasoning else ""
+        out = [THINK, *encode(reasoning), END_THINK] if reasoning else []
+        out += encode(text)
+        limit = body.get("max_tokens") or body.get("max_completion_tokens")
+        if limit is not None and len(out) >= limit:
+            out = out[:limit]
+            return decode_ids(out), out, "length", ""
+        return text, [*out, END], "stop", reasoning
+
+    async def _decode(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        ids: list[int],
+        params: dict[str, Any] | None,
+        rid: str,
+    ) -> web.StreamResponse:
+        fab = self.spec.fabric
+        if params and params.get("do_remote_prefill"):
+            _read(fab, params, ids, "decode")
+        content, out_ids, finish, reasoning = self._generate(body, ids)
+        d_params = None
+        if params and self.spec.bidirectional:
+            n = len(ids) + len(out_ids) - 1
+            expiry = time.perf_counter() + self.spec.decoder_ttl_s
+            blocks = self._hold(rid, (ids + out_ids)[:n], expiry)
+            d_params = self._params(rid, blocks, n, expiry, is_d=True)
+        want_ids = body.get("return_token_ids")
+        if not body.get("stream"):
+            out = completion_response(body, rid, content, out_ids, finish, ids, want_ids, reasoning)
+            out["kv_transfer_params"] = d_params
+            return json_reply(out)
+        return await self._stream(request, body, rid, content, out_ids, finish, ids, d_params)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        rid: str,
+        content: str,
+        out_ids: list[int],
+        finish: str,
+        ids: list[int],
+        d_params: dict[str, Any] | None,
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        try:
+            await self._chunks(resp, body, rid, content, out_ids, finish, ids, d_params)
+        except ConnectionResetError:
+            self.spec.disconnected += 1
+        except asyncio.CancelledError:
+            self.spec.disconnected += 1  # aiohttp cancels the handler when the peer goes away
+            raise
+        return resp
+
+    async def _chunks(
+        self,
+        resp: web.StreamResponse,
+        body: dict[str, Any],
+        rid: str,
+        content: str,
+        out_ids: list[int],
+        finish: str,
+        ids: list[int],
+        d_params: dict[str, Any] | None,
+    ) -> None:
+        chat = "messages" in body
+        want_ids = bool(body.get("return_token_ids"))
+        base = response_base(body, rid, chunk=True)
+        first: dict[str, Any] = {**base, "choices": [chunk_choice(chat, "", None, None)]}
+        if chat:
+            first["choices"][0]["delta"]["role"] = "assistant"
+        if want_ids:
+            (first if chat else first["choices"][0])["prompt_token_ids"] = ids
+        await resp.write(sse_event(first))
+        pieces = content.split(" ")
+        consumed = len(out_ids) - len(encode(content)) - (1 if finish == "stop" else 0)
+        consumed = max(0, consumed)
+        for i, word in enumerate(pieces):
+            last = i == len(pieces) - 1
+            text = word if i == 0 else " " + word
+            end = len(out_ids) if last else consumed + len(text)
+            tok = out_ids[0 if i == 0 else consumed : end]
+            consumed = end
+            choice = chunk_choice(chat, text, finish if last else None, tok if want_ids else None)
+            chunk: dict[str, Any] = {**base, "choices": [choice]}
+            if last and self.spec.stream_params:
+                chunk["kv_transfer_params"] = d_params
+            await asyncio.sleep(self.spec.chunk_delay_s)
+            await resp.write(sse_event(chunk))
+        opts = body.get("stream_options") or {}
+        if opts.get("include_usage"):
+            counts = usage(len(ids), len(out_ids))
+            await resp.write(sse_event({**base, "choices": [], "usage": counts}))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+
+
+def _read(fab: Fabric, params: dict[str, Any], prompt: list[int], who: str) -> None:
+    """Pull what the handle names: its first group's blocks, `remote_num_tokens` of them."""
+    groups = params.get("remote_block_ids") or [[]]
+    n = params.get("remote_num_tokens")
+    engine, rid = params["remote_engine_id"], params["remote_request_id"]
+    fab.read(engine, rid, prompt, who, groups[0], n if isinstance(n, int) else None)
+
+
+# What a test client sends through the router (`w` is the conftest world: client and metrics).
+
+
+def chat(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {"model": "fake", "messages": messages, **extra}
+
+
+async def post(w: Any, body: dict[str, Any], **headers: str) -> tuple[int, Any]:
+    resp = await w.client.post("/v1/chat/completions", json=body, headers=headers)
+    return resp.status, await resp.json()
+
+
+async def stream(w: Any, body: dict[str, Any], path: str = "/v1/chat/completions") -> list[Any]:
+    resp = await w.client.post(path, json={**body, "stream": True})
+    assert resp.status == 200, await resp.text()
+    raw = (await resp.read()).decode()
+    events = [e[len("data: ") :] for e in raw.split("\n\n") if e.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+async def filed(w: Any, n: int) -> None:
+    """Wait until the router filed its n-th handle (it files just after answering)."""
+    for _ in range(200):
+        if await w.metric("boomerang_router_handles_stored_total") >= n:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{n} handles were never filed")
