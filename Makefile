@@ -12,7 +12,7 @@ VENV := $(BOOMERANG_CACHE)/venv-dev-$(DEV_HASH)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bench-router bench-ttft bench-partial print-venv dev engine tools redis lua prometheus node images install-yaml check lint types test unit demo cluster cluster-node crds
+.PHONY: bench-router bench-ttft bench-partial bench-agents print-venv dev engine tools redis lua prometheus node images install-yaml check lint types test unit demo cluster cluster-node crds
 
 # The cached venv installs this checkout in editable mode; `.done` records which checkout, so a
 # fresh clone (CI) re-points it at its own files before testing them.
@@ -30,7 +30,8 @@ $(VENV)/.done:
 engine: dev
 	$(PY) -m boomerang.connector.engine_venv
 
-# The real Kubernetes control plane for the e2e suite (built once, cached by version).
+# The real Kubernetes control plane for the e2e suite, and the prometheus-adapter its
+# autoscaling test serves through the aggregation layer (built once, cached by version).
 tools:
 	bash e2e/tools/build.sh
 
@@ -102,6 +103,8 @@ bench-ttft: dev engine
 	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench_ttft $(ARGS)
 bench-partial: dev engine
 	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench_partial $(ARGS)
+bench-agents: dev engine
+	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench_agents $(ARGS)
 
 print-venv:
 	@echo $(VENV)

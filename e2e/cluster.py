@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import front_proxy
 from audit import AuditLog, write_policy
 from kube import fake_gpu_node, free_port, make_pki, port_free, wait_until, write_kubeconfig
 
@@ -287,6 +288,8 @@ class Cluster:
                 "--audit-log-format=json",
                 "--profiling=false",
                 "--v=1",
+                # The aggregation layer: metrics adapters (e2e/test_autoscaling.py) serve behind it.
+                *front_proxy.apiserver_flags(pki),
                 *(self.node.apiserver_flags(pki) if self.node else []),
             ],
         )
@@ -315,6 +318,8 @@ class Cluster:
                 "--concurrent-deployment-syncs=10",
                 "--concurrent-replicaset-syncs=10",
                 "--concurrent-gc-syncs=20",
+                # HPAs (e2e/test_autoscaling.py) act within seconds rather than every 15s.
+                "--horizontal-pod-autoscaler-sync-period=2s",
                 "--profiling=false",
             ],
         )

@@ -24,7 +24,8 @@ from cluster import stop_process
 class OperatorProcess:
     kubeconfig: Path
     log: Path
-    args: tuple[str, ...] = ("--all-namespaces",)
+    # No metrics port: suites running side by side on one host would fight over the default.
+    args: tuple[str, ...] = ("--all-namespaces", "--metrics-port=0")
     env: Mapping[str, str] = field(default_factory=dict)  # on top of this process's own
     popen: subprocess.Popen[bytes] | None = None
     starts: int = 0

@@ -12,6 +12,7 @@ pods are held (its StatefulSet's partition) until prefill's new pods are ready.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -38,9 +39,15 @@ def _sts(cluster: Cluster, namespace: str, name: str, role: str) -> dict[str, An
 
 
 def _change(
-    cluster: Cluster, namespace: str, manifest: dict[str, Any], path: str, value: Any
+    cluster: Cluster,
+    namespace: str,
+    manifest: dict[str, Any],
+    path: str,
+    value: Any,
+    until: Callable[[dict[str, Any]], bool] = lambda _dd: True,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Apply one spec change; return the converged resource and the Progressing one seen."""
+    """Apply one spec change; return the converged resource and the Progressing one seen (the
+    first for which `until` holds too)."""
     name = manifest["metadata"]["name"]
     with nodes_cordoned(cluster):
         apply(cluster, patched(manifest, path, value), namespace)
@@ -50,7 +57,7 @@ def _change(
             dd = get_dd(cluster, namespace, name)
             status = dd.get("status") or {}
             rolling = status.get("observedGeneration") == generation and is_true(dd, "Progressing")
-            return dd if rolling else None
+            return dd if rolling and until(dd) else None
 
         seen = wait_until(f"Progressing for generation {generation}", progressing, timeout=60)
         assert not is_true(seen, "Ready"), _brief(seen)
@@ -143,7 +150,13 @@ def test_new_image_rolls_both_roles_to_one_engine_revision(
     name = ready_minimal["metadata"]["name"]
     old_revision = wait_ready(cluster, namespace, name)["status"]["engineRevision"]
     image = "boomerang/connector:0.2.0"
-    dd, rolling = _change(cluster, namespace, ready_minimal, "spec.engine.image", image)
+    # Prefill's new pod (Pending on the cordoned nodes) beside decode's old one, held: skew.
+    dd, rolling = _change(
+        cluster, namespace, ready_minimal, "spec.engine.image", image,
+        until=lambda seen: seen["status"].get("revisionSkew") is True,
+    )  # fmt: skip
+    assert (condition(rolling, "Progressing") or {}).get("reason") == "RevisionSkew"
+    assert "decode waits for prefill" in str((condition(rolling, "Progressing") or {})["message"])
     assert dd["status"]["engineRevision"] != old_revision
     assert dd["status"]["revisionSkew"] is False
     revisions = set()
@@ -236,6 +249,8 @@ def test_a_change_to_both_roles_rolls_prefill_first_then_decode(
         seen = get_dd(cluster, namespace, name)
         assert is_true(seen, "Progressing") and not is_true(seen, "Ready"), _brief(seen)
         assert not is_true(seen, "Degraded"), _brief(seen)
+        # A setting the engine revision leaves alone: both roles run the same build.
+        assert seen["status"]["revisionSkew"] is False, _brief(seen)
         decode = _sts(cluster, namespace, name, "decode")
         assert _partition(decode) == decode["spec"]["replicas"] == 1
         assert _hash(decode) != old["decode"], "decode's new template was not applied"

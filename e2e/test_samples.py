@@ -99,6 +99,8 @@ def test_sample_reconciles_to_ready_children(
         image = sts["spec"]["template"]["spec"]["containers"][0]["image"]
         assert image == spec.engine.image
         want = {"desired": role.replicas, "ready": role.replicas, "updated": role.replicas}
+        if role.replicas_from == "Scaler":  # its scaler, seeded from the spec, owns the count
+            want["scaler"] = f"DisaggregatedRoleScaler/{name}-{role_name}"
         assert dd["status"][role_name] == want
     router = kids[("Deployment", f"{name}-router")]
     assert router["spec"]["replicas"] == spec.router.replicas

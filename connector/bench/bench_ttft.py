@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import random
-import re
 import statistics
 import tempfile
 import time
@@ -35,6 +34,7 @@ import pdclient
 import yaml
 
 from boomerang.local import calibrate, processes, stack
+from boomerang.local.engine_client import samples
 
 REPO = Path(__file__).resolve().parents[2]
 PORTS = stack.LocalPorts(
@@ -83,8 +83,7 @@ def bench_manifest(model: str) -> Any:
 
 def histogram_sum(metrics: str, name: str) -> float:
     """The `_sum` of one vLLM histogram (summed over its label sets)."""
-    pattern = rf"^vllm:{name}_sum(?:\{{[^}}]*\}})?\s+(\S+)$"
-    return sum(float(v) for v in re.findall(pattern, metrics, re.M))
+    return sum(sample.value for sample in samples(metrics, f"vllm:{name}_sum"))
 
 
 def router_ttft(router: str, model: str, prompt: list[int], conv: str, timeout: float) -> float:

@@ -80,6 +80,8 @@ def test_explicit_side_channel_host_wins_over_the_pod_ip() -> None:
 
 
 def test_efa_with_libfabric_sets_the_efa_provider() -> None:
+    """The configuration builder sets libfabric's EFA provider; the entrypoint passes the
+    environment it is given on, and adds none of it itself."""
     kv = config.KVTransferSettings(backend="LIBFABRIC")
     args = [
         "--model",
@@ -87,10 +89,12 @@ def test_efa_with_libfabric_sets_the_efa_provider() -> None:
         "--kv-transfer-config",
         json.dumps(config.kv_transfer_config("decode", kv)),
     ]
-    _, env = build_command(args, {"BOOMERANG_EFA": "1"})
+    _, env = build_command(args, config.engine_env("decode", kv, efa=True))
     assert env["FI_PROVIDER"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert env["FI_EFA_FORK_SAFE"] == "1"
     _, env = build_command(args, {})
     assert "FI_PROVIDER" not in env
+    assert config.engine_env("decode", kv)["FI_PROVIDER"] == "tcp"
 
 
 def test_bad_role_is_refused() -> None:

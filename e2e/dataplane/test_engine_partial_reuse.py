@@ -15,7 +15,6 @@ a reply that re-tokenises differently, and a regenerated turn.
 from __future__ import annotations
 
 import random
-import re
 from typing import Any
 
 import pdclient
@@ -31,6 +30,8 @@ from dataplane.turns import (
     words,
 )
 
+from boomerang.local.engine_client import samples
+
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
 THRESHOLD = 64
@@ -45,11 +46,9 @@ def router(dataplane) -> str:
 
 @pytest.fixture(scope="module")
 def block(dataplane) -> int:
-    found = re.search(
-        r'^vllm:cache_config_info\{[^}]*block_size="(\d+)"', pdclient.scrape(dataplane.d_url), re.M
-    )
+    found = samples(pdclient.scrape(dataplane.d_url), "vllm:cache_config_info")
     assert found, "D exports no cache_config_info"
-    return int(found[1])
+    return int(found[0].labels["block_size"])
 
 
 def expected(held: list[int], prompt: list[int], block: int) -> tuple[str, int]:

@@ -5,11 +5,12 @@ turn of one engine computing the same prompt alone, and the counters the tests r
 from __future__ import annotations
 
 import random
-import re
 from typing import Any
 
 import pdclient
 import pytest
+
+from boomerang.local.engine_client import totals
 
 MAX_TOKENS = 8
 LOGPROB_TOL = 1e-5
@@ -25,9 +26,8 @@ def same(result, expected) -> bool:
 
 
 def reuse(router: str) -> dict[str, float]:
-    text = pdclient.scrape(router)
-    pattern = r'^boomerang_router_reuse_total\{outcome="(\w+)"\}\s+(\S+)$'
-    return {m[1]: float(m[2]) for m in re.finditer(pattern, text, re.M)}
+    """The router's reuse outcomes so far, by outcome."""
+    return totals(pdclient.scrape(router), "boomerang_router_reuse_total", "outcome")
 
 
 def moved(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the real control plane the e2e suite runs against (etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubectl, kwok, helm) and the real node's kubelet and
-# kube-proxy from the versions pinned in this folder's go.mod, into a cache outside the repo
+# kube-controller-manager, kube-scheduler, kubectl, kwok, helm), the real node's kubelet and
+# kube-proxy from the versions pinned in this folder's go.mod, and the autoscaling test's
+# prometheus-adapter (pinned in prometheus-adapter/go.mod), into a cache outside the repo
 # keyed by those versions. Only missing or stale binaries are built, so a warm cache makes this
 # a no-op.
 #
@@ -104,6 +105,20 @@ for target in "${TARGETS[@]}"; do
   echo "$stamp" >"$BIN/.$name.stamp"
   echo "build.sh: built $name in $((SECONDS - start))s" >&2
 done
+
+# prometheus-adapter, the external metrics API of the autoscaling test: its own module
+# (prometheus-adapter/), so its Kubernetes libraries never move the control plane's pins;
+# keyed by that module's go.mod and go.sum.
+adapter_stamp=$(cat prometheus-adapter/go.mod prometheus-adapter/go.sum | sha256sum | cut -c1-16)
+if [[ ! -x $BIN/prometheus-adapter || "$(cat "$BIN/.prometheus-adapter.stamp" 2>/dev/null)" != "$adapter_stamp" ]]; then
+  echo "build.sh: building prometheus-adapter (sigs.k8s.io/prometheus-adapter/cmd/adapter)" >&2
+  start=$SECONDS
+  (cd prometheus-adapter &&
+    "$GO" build -ldflags="-s -w" -o "$BIN/.prometheus-adapter.tmp" sigs.k8s.io/prometheus-adapter/cmd/adapter)
+  mv "$BIN/.prometheus-adapter.tmp" "$BIN/prometheus-adapter"
+  echo "$adapter_stamp" >"$BIN/.prometheus-adapter.stamp"
+  echo "build.sh: built prometheus-adapter in $((SECONDS - start))s" >&2
+fi
 
 # kwok ships no default behaviour in its binary: it needs Stage objects. Use the ones its own
 # release defines (kwokctl's defaults: fast node init, lease heartbeat, fast pod lifecycle),

@@ -16,6 +16,8 @@ import yaml
 from chart_testing import CHART, refused, render_chart, run_helm
 from dd_testing import ROOT
 
+from boomerang.operator.children import CHILD_KINDS, CREATED_KINDS
+
 K8S_VERSION = "1.36.0"
 
 
@@ -54,10 +56,11 @@ def test_chart_lints_strictly(helm: Path) -> None:
 
 DEFAULT_KINDS = [
     "ClusterKopfPeering", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
-    "Deployment", "PodDisruptionBudget", "ServiceAccount",
+    "CustomResourceDefinition", "Deployment", "PodDisruptionBudget", "ServiceAccount",
 ]  # fmt: skip
 NAMESPACED_KINDS = [
-    "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "Deployment", "KopfPeering",
+    "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "CustomResourceDefinition",
+    "Deployment", "KopfPeering",
     "KopfPeering", "PodDisruptionBudget", "Role", "Role", "RoleBinding", "RoleBinding",
     "ServiceAccount",
 ]  # fmt: skip
@@ -78,11 +81,14 @@ def test_rendered_objects_validate_against_kubernetes_schemas(
         _validate(doc)
 
 
-def test_chart_crd_is_the_generated_one_and_survives_uninstall(helm: Path) -> None:
-    crd = next(d for d in render_chart(helm) if d["kind"] == "CustomResourceDefinition")
-    committed = yaml.safe_load(
-        (ROOT / "crds" / "boomerang.dev_disaggregateddeployments.yaml").read_text()
+@pytest.mark.parametrize("plural", ["disaggregateddeployments", "disaggregatedrolescalers"])
+def test_chart_crd_is_the_generated_one_and_survives_uninstall(helm: Path, plural: str) -> None:
+    crd = next(
+        d
+        for d in render_chart(helm)
+        if d["kind"] == "CustomResourceDefinition" and d["metadata"]["name"].startswith(plural)
     )
+    committed = yaml.safe_load((ROOT / "crds" / f"boomerang.dev_{plural}.yaml").read_text())
     assert crd["spec"] == committed["spec"]
     assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
 
@@ -235,6 +241,28 @@ def test_namespaced_install_grants_workloads_only_in_the_watched_namespaces(helm
     container = _container(docs)
     assert f"--peering={peerings[0]['metadata']['name']}" in container["args"]
     assert {"--namespace=team-a", "--namespace=team-b"} <= set(container["args"])
+
+
+APPLY_VERBS = {"get", "list", "watch", "create", "patch"}
+"""What the operator does to a child: server-side apply (create or patch), and watch it for
+drift. Never delete: children go with their owner (garbage collection)."""
+
+
+@pytest.mark.parametrize("sets", [(), TEAMS], ids=["cluster-wide", "namespaced"])
+def test_rbac_lets_the_operator_apply_exactly_the_child_kinds(
+    helm: Path, sets: tuple[str, ...]
+) -> None:
+    """The chart's grants follow children.CHILD_KINDS: every kind the operator applies and
+    watches, and nothing else it may create (but the events it posts)."""
+    docs = render_chart(helm, *sets)
+    granted = set(_rules(next(d for d in docs if d["kind"] == ("Role" if sets else "ClusterRole"))))
+    for kind in (*CHILD_KINDS, *CREATED_KINDS):
+        verbs = {v for g, r, v in granted if (g, r) == (kind.group, kind.plural)}
+        assert verbs == APPLY_VERBS, kind
+    creatable = {(g, r) for g, r, v in granted if v == "create" and r != "events"}
+    assert creatable == {(k.group, k.plural) for k in (*CHILD_KINDS, *CREATED_KINDS)}
+    replaces = {(r, v) for _, r, v in granted if v in ("delete", "deletecollection", "update")}
+    assert replaces == {("disaggregateddeployments/finalizers", "update")}
 
 
 def test_cluster_wide_and_namespaced_installs_grant_the_same_workload_rules(helm: Path) -> None:

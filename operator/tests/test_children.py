@@ -14,7 +14,7 @@ import yaml
 from dd_testing import EXAMPLES, deployment
 
 from boomerang.operator import render
-from boomerang.operator.children import desired_children
+from boomerang.operator.children import CHILD_KINDS, desired_children
 
 GOLDEN = Path(__file__).parent / "golden"
 K8S_VERSION = "1.36.0"
@@ -56,6 +56,12 @@ def test_children_match_golden(path: Path) -> None:
 def test_every_child_validates_against_kubernetes_schemas(path: Path) -> None:
     for obj in _children(path.stem):
         kubernetes_validate.validate(json.loads(json.dumps(obj)), K8S_VERSION, strict=True)
+
+
+def test_the_child_kinds_table_lists_exactly_the_kinds_the_builders_make() -> None:
+    """The table the API client's paths, the drift watches and the chart's RBAC read."""
+    built = {(o["apiVersion"], o["kind"]) for path in EXAMPLES for o in _children(path.stem)}
+    assert built == {(k.api_version, k.kind) for k in CHILD_KINDS}
 
 
 def test_every_child_is_owned_and_labelled() -> None:

@@ -214,12 +214,16 @@ def test_the_pod_monitor_selects_every_router_and_engine_pod_the_operator_create
     # Other pods carrying some of the labels are left alone.
     assert not _selects(selector, {**render.labels(dd, "router"), render.LABEL_ROLE: "redis"})
     relabel = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
+    # Prometheus' name for a pod label: every character outside [a-zA-Z0-9_] becomes `_`.
     assert relabel == {
-        "deployment": ["__meta_kubernetes_pod_label_boomerang_dev_deployment"],
-        "component": ["__meta_kubernetes_pod_label_boomerang_dev_role"],
+        "deployment": [_discovered(render.LABEL_DEPLOYMENT)],
+        "component": [_discovered(render.LABEL_ROLE)],
     }
-    assert render.LABEL_DEPLOYMENT == "boomerang.dev/deployment"
-    assert render.LABEL_ROLE == "boomerang.dev/role"
+
+
+def _discovered(label: str) -> str:
+    """The meta label Prometheus' Kubernetes discovery gives a pod label."""
+    return "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", label)
 
 
 def test_the_pod_monitor_follows_the_watched_namespaces(helm: Path) -> None:

@@ -50,6 +50,9 @@ class FakeKube:
     def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         self.owner["status"] = copy.deepcopy(dict(status))
 
+    def apply_status(self, obj: Mapping[str, Any]) -> None:
+        pass  # no scalers here
+
     def list_objects(
         self, api_version: str, kind: str, namespace: str | None, labels: Mapping[str, str]
     ) -> list[dict[str, Any]]:

@@ -41,6 +41,8 @@ class MemoryKube:
         self.pods: list[dict[str, Any]] = []
         self.nodes: list[dict[str, Any]] | KubeError = []
         self.listed: list[tuple[str, dict[str, str]]] = []
+        self.statuses: dict[str, dict[str, Any]] = {}
+        """Per workload name: the status it reports, instead of the one `ready` implies."""
 
     def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         if obj["kind"] == self.fail_kind or obj["metadata"]["name"] in self.fail_names:
@@ -52,6 +54,8 @@ class MemoryKube:
         return self._with_status(stored)
 
     def _with_status(self, obj: dict[str, Any]) -> dict[str, Any]:
+        if obj["metadata"]["name"] in self.statuses:
+            return {**obj, "status": self.statuses[obj["metadata"]["name"]]}
         if obj["kind"] in ("StatefulSet", "Deployment"):
             replicas = obj["spec"]["replicas"]
             n = replicas if self.ready else 0
@@ -70,6 +74,11 @@ class MemoryKube:
     def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         self.status_writes.append(copy.deepcopy(dict(status)))
         self.owner["status"] = copy.deepcopy(dict(status))
+
+    def apply_status(self, obj: Mapping[str, Any]) -> None:
+        self.objects[(obj["kind"], obj["metadata"]["name"])]["status"] = copy.deepcopy(
+            dict(obj["status"])
+        )
 
     def list_objects(
         self, api_version: str, kind: str, namespace: str | None, labels: Mapping[str, str]
@@ -196,6 +205,68 @@ def test_a_change_to_decode_alone_rolls_it_at_once() -> None:
     _changed(kube, {"decode": {"extraArgs": ["--max-num-seqs=64"]}}, generation=2)
     reconcile(kube.owner, kube, NOW)
     assert _partition(kube, "decode") == 0
+
+
+def _engine_revision(kube: MemoryKube, role: str) -> str:
+    sts = kube.objects[("StatefulSet", f"minimal-{role}")]
+    return str(sts["spec"]["template"]["metadata"]["annotations"]["boomerang.dev/engine-revision"])
+
+
+def _sts_status(*, rolled: bool, replicas: int = 1) -> dict[str, Any]:
+    return {"observedGeneration": 1, "replicas": replicas, "readyReplicas": replicas,
+            "updatedReplicas": replicas if rolled else 0, "currentRevision": "r" if rolled
+            else "old", "updateRevision": "r"}  # fmt: skip
+
+
+def _engine_pod(role: str, revision: str) -> dict[str, Any]:
+    labels = {"boomerang.dev/deployment": "minimal", "boomerang.dev/role": role}
+    annotations = {"boomerang.dev/engine-revision": revision}
+    return {"metadata": {"name": f"minimal-{role}-0", "labels": labels,
+                         "annotations": annotations}}  # fmt: skip
+
+
+def test_a_new_engine_on_prefill_beside_decode_still_on_the_old_one_is_revision_skew() -> None:
+    """The staged rollout's middle: prefill has rolled to a new image, decode's pod still runs
+    the old one. Decode's pods are read (it is mid-rollout) and say so."""
+    kube = MemoryKube(body())
+    kube.ready = True
+    reconcile(kube.owner, kube, NOW)
+    old = _engine_revision(kube, "decode")
+    _changed(kube, {"engine": {"image": "registry.example/connector:2"}}, generation=2)
+    kube.ready = False
+    reconcile(kube.owner, kube, NOW)
+    assert _engine_revision(kube, "prefill") != old
+    kube.statuses = {"minimal-prefill": _sts_status(rolled=True),
+                     "minimal-decode": _sts_status(rolled=False)}  # fmt: skip
+    kube.pods = [_engine_pod("decode", old)]
+    kube.ready, kube.listed = True, []  # the router is ready
+    outcome = refresh_status(kube.owner, kube, NOW)
+    assert outcome.status["revisionSkew"] is True
+    progressing = next(c for c in outcome.status["conditions"] if c["type"] == "Progressing")
+    assert progressing["reason"] == "RevisionSkew"
+    roles = [labels.get("boomerang.dev/role") for kind, labels in kube.listed]
+    assert roles == ["decode"], "only decode, mid-rollout, has its pods read"
+    kube.statuses["minimal-decode"] = _sts_status(rolled=True)
+    assert refresh_status(kube.owner, kube, NOW).status["revisionSkew"] is False
+
+
+def test_an_unchanged_invalid_spec_is_written_and_announced_once() -> None:
+    """The repair timer finds the same invalid spec every minute: status and its Warning
+    event stay as they were; a different fault writes and warns again."""
+    kube = MemoryKube(body())
+    kube.owner["spec"]["kvTransfer"] = {"recomputeThreshold": -5}
+    first = reconcile(kube.owner, kube, NOW)
+    assert first.written and first.invalid
+    assert [e[1] for e in first.events] == ["InvalidSpec"]
+    again = reconcile(kube.owner, kube, "2026-01-01T00:01:00Z")
+    assert again.invalid and not again.written and again.events == []
+    assert again.status == kube.owner["status"] and len(kube.status_writes) == 1
+    kube.owner["spec"]["kvTransfer"] = {"recomputeThreshold": -6}
+    kube.owner["metadata"]["generation"] = 2
+    third = reconcile(kube.owner, kube, "2026-01-01T00:02:00Z")
+    assert third.written and [e[1] for e in third.events] == ["InvalidSpec"]
+    degraded = next(c for c in third.status["conditions"] if c["type"] == "Degraded")
+    assert degraded["lastTransitionTime"] == NOW, "still Degraded: its transition stays"
 
 
 def test_a_failing_child_degrades_status_and_the_rest_still_apply() -> None:

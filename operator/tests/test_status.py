@@ -7,20 +7,30 @@ from typing import Any
 import pytest
 from dd_testing import deployment
 
+from boomerang.operator.api import DisaggregatedDeploymentStatus
 from boomerang.operator.pods import Finding
-from boomerang.operator.status import Diagnosis, compute_status, condition_changes
+from boomerang.operator.render import ANNOTATION_ENGINE_REVISION
+from boomerang.operator.status import Diagnosis, compute_status, condition_changes, invalid_status
 
 T0, T1 = "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z"
 
 
 def sts(
-    replicas: int, ready: int, updated: int | None = None, skewed: bool = False, partition: int = 0
+    replicas: int,
+    ready: int,
+    updated: int | None = None,
+    skewed: bool = False,
+    partition: int = 0,
+    revision: str = "e1",
+    observed: int = 2,
 ) -> dict[str, Any]:
+    """A StatefulSet at generation 2 whose template carries engine revision `revision`."""
     return {
         "kind": "StatefulSet",
         "metadata": {"generation": 2},
         "status": {
-            "observedGeneration": 2,
+            "observedGeneration": observed,
+            "replicas": replicas,
             "readyReplicas": ready,
             "updatedReplicas": replicas if updated is None else updated,
             "currentRevision": "a",
@@ -29,8 +39,16 @@ def sts(
         "spec": {
             "replicas": replicas,
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": partition}},
+            "template": {"metadata": {"annotations": {ANNOTATION_ENGINE_REVISION: revision}}},
         },
     }
+
+
+def pod(revision: str, leaving: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"annotations": {ANNOTATION_ENGINE_REVISION: revision}}
+    if leaving:
+        meta["deletionTimestamp"] = T0
+    return {"metadata": meta}
 
 
 def deploy(replicas: int, ready: int) -> dict[str, Any]:
@@ -129,10 +147,66 @@ def test_scale_up_first_seen_with_pods_pending_is_progressing_not_degraded() -> 
 
 def test_half_rolled_role_reports_revision_skew() -> None:
     dd = deployment("minimal", {"decode": {"replicas": 2}}, generation=2)
-    world = {**ready_world(), "decode": sts(2, 2, updated=1, skewed=True)}
-    status = compute_status(dd, world, None, T0)
+    world = {**ready_world(), "decode": sts(2, 2, updated=1, skewed=True, revision="e2")}
+    status = compute_status(dd, world, None, T0, pods={"decode": [pod("e2"), pod("e1")]})
     assert status["revisionSkew"] is True
     assert conditions(status)["Progressing"] == ("True", "RevisionSkew")
+
+
+Role = tuple[dict[str, Any], list[dict[str, Any]] | None]
+
+
+def rolled(revision: str, replicas: int = 1) -> Role:
+    """Every pod on the template's engine revision (pods not read: the StatefulSet says it)."""
+    return sts(replicas, replicas, revision=revision), None
+
+
+def rolling(template: str, running: list[str], partition: int = 0, ready: int = 1) -> Role:
+    """An update pending: the template names `template`, the pods run `running` (a
+    `partition` holds every pod back: none updated)."""
+    replicas = len(running)
+    updated = 0 if partition else running.count(template)
+    state = sts(replicas, ready, updated, skewed=True, partition=partition, revision=template)
+    return state, [pod(r) for r in running]
+
+
+@pytest.mark.parametrize(
+    ("prefill", "decode", "skew"),
+    [
+        (rolled("e1"), rolled("e1"), False),
+        # The staged rollout: prefill on the new engine, decode held on the old one.
+        (rolled("e2"), rolling("e2", ["e1"], partition=1), True),
+        # Prefill's new pod not ready yet, decode's old one still serving: a different build.
+        (rolling("e2", ["e2"], ready=0), rolling("e2", ["e1"], partition=1), True),
+        # The reverse: decode rolled, prefill not.
+        (rolling("e2", ["e1"]), rolled("e2"), True),
+        # A change that leaves the engine alone (a kv-transfer setting) rolls no skew.
+        (rolled("e1"), rolling("e1", ["e1"], partition=1), False),
+        # One role part-way, the other with no pods at all.
+        (rolling("e2", ["e2", "e1"]), (sts(0, 0, revision="e1"), None), True),
+        # A pod on its way out runs nothing any more.
+        ((sts(2, 2, 1, True, revision="e2"), [pod("e2"), pod("e1", leaving=True)]),
+         rolled("e2"), False),
+        # The controller has not seen the new template yet: the pods say what runs.
+        ((sts(1, 1, revision="e2", observed=1), [pod("e1")]), rolled("e1"), False),
+        # Pods of an older operator carry no revision: unknown, not a skew.
+        ((sts(1, 1, 0, True, revision="e2"), [{"metadata": {}}]), rolled("e2"), False),
+    ],
+    ids=[
+        "both-rolled", "prefill-rolled-decode-held", "prefill-starting-decode-held",
+        "decode-rolled-prefill-not", "same-engine-decode-held", "part-way-beside-none",
+        "leaving-pod", "controller-behind", "unannotated-pods",
+    ],
+)  # fmt: skip
+def test_revision_skew_compares_the_engine_revisions_the_pods_of_both_roles_run(
+    prefill: Role, decode: Role, skew: bool
+) -> None:
+    dd = deployment(generation=2)
+    world = {"prefill": prefill[0], "decode": decode[0], "router": deploy(2, 2)}
+    read = {role: pods_ for role, (_, pods_) in (("prefill", prefill), ("decode", decode))}
+    status = compute_status(dd, world, None, T0, pods={k: v for k, v in read.items() if v})
+    assert status["revisionSkew"] is skew
+    assert (conditions(status)["Progressing"][1] == "RevisionSkew") is skew
 
 
 def progressing_message(status: dict[str, Any]) -> str:
@@ -270,3 +344,37 @@ def test_a_replica_becoming_ready_or_a_new_generation_restarts_the_deadline() ->
     assert next(c for c in later["conditions"] if c["type"] == "Progressing")[
         "lastTransitionTime"
     ] == at(55)
+
+
+@pytest.mark.parametrize("world", ["pending", "ready", "failed"])
+def test_status_is_exactly_the_status_model_of_the_api(world: str) -> None:
+    """Every field written is one the CRD declares, under its declared name."""
+    dd = deployment(generation=2)
+    ready = compute_status(dd, ready_world(), None, T0)
+    status = {
+        "pending": lambda: compute_status(dd, {}, None, T0),
+        "ready": lambda: ready,
+        "failed": lambda: compute_status(dd, ready_world(), ready, T1, error="quota"),
+    }[world]()
+    model = DisaggregatedDeploymentStatus.model_validate(status)
+    assert model.model_dump(by_alias=True, exclude_none=True) == status
+
+
+def test_an_invalid_spec_status_changes_only_the_conditions_and_stays_put() -> None:
+    ready = compute_status(deployment(generation=2), ready_world(), None, T0)
+    invalid = invalid_status(3, "spec.x: bad", ready, T1)
+    assert set(invalid) == {"observedGeneration", "conditions"}
+    assert conditions(invalid) == {
+        "Ready": ("False", "InvalidSpec"),
+        "Progressing": ("False", "InvalidSpec"),
+        "Degraded": ("True", "InvalidSpec"),
+        "Reconciling": ("False", "InvalidSpec"),
+        "Stalled": ("True", "InvalidSpec"),
+    }
+    since = {c["type"]: c["lastTransitionTime"] for c in invalid["conditions"]}
+    assert since == {"Ready": T1, "Progressing": T0, "Degraded": T1, "Reconciling": T0,
+                     "Stalled": T1}  # fmt: skip
+    assert invalid_status(3, "spec.x: bad", {**ready, **invalid}, "2026-01-01T00:09:00Z") == (
+        invalid
+    )
+    DisaggregatedDeploymentStatus.model_validate(invalid)

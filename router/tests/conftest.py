@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
 from router_testing import EngineSpec, Fabric, FakeEngine
 
 from boomerang.router.app import create_app
@@ -27,12 +28,10 @@ class World:
     async def metric(self, name: str, **labels: str) -> float:
         """One sample of the router's /metrics (0 when absent)."""
         text = await (await self.client.get("/metrics")).text()
-        want = name + (
-            "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}" if labels else ""
-        )
-        for line in text.splitlines():
-            if line.startswith(want + " "):
-                return float(line.split()[-1])
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and sample.labels == labels:
+                    return float(sample.value)
         return 0.0
 
     async def reuse(self, outcome: str) -> float:

@@ -146,8 +146,7 @@ async def test_a_partial_reuse_works_through_redis(world: Any, redis_url: str) -
     body = {"messages": history, "conversation_id": "c"}
     first = await (await w.client.post("/v1/chat/completions", json=body)).json()
     for _ in range(200):  # the handle is filed just after the answer
-        text = await (await w.client.get("/metrics")).text()
-        if "boomerang_router_handles_stored_total 1.0" in text:
+        if await w.metric("boomerang_router_handles_stored_total") == 1:
             break
         await asyncio.sleep(0.01)
     history += [first["choices"][0]["message"], {"role": "user", "content": "next"}]

@@ -45,6 +45,14 @@ def default_handle_ttl(decoder_ttl_s: float) -> float:
     return decoder_ttl_s - P_DECLINE_WINDOW_S - max(5.0, 0.1 * decoder_ttl_s)
 
 
+ENGINE_REVISION_ENV = "BOOMERANG_ENGINE_REVISION"
+"""Set by the operator and the local runtime to what P and D must agree on to handshake (the
+engine build and the connector protocol); the plugin publishes it on the engine's `/metrics`."""
+ENGINE_REVISION_METRIC = "boomerang_engine_revision_info"
+"""The gauge (value 1) whose `revision` label carries it, so the router pairs P and D of one
+revision while a rollout runs both."""
+
+
 @dataclass(frozen=True)
 class KVTransferSettings:
     """The kv-transfer knobs of one deployment; defaults are vLLM's own, except the policy."""

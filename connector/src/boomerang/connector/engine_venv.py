@@ -20,8 +20,10 @@ import importlib.metadata as md
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
+import sysconfig
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -60,7 +62,6 @@ same packages; vLLM's own images have them."""
 
 def _present(need: str) -> bool:
     import ctypes
-    import sysconfig
 
     if need.endswith(".h"):
         return (Path(sysconfig.get_paths()["include"]) / need).is_file()
@@ -118,9 +119,23 @@ def site_packages(venv: Path) -> Path:
     return found[-1]
 
 
+def _installed() -> md.Distribution:
+    """Boomerang as installed into this interpreter's environment.
+
+    Not `md.distribution("boomerang")`: started from a checkout, the working directory is on
+    `sys.path`, and the `boomerang.egg-info` that setuptools leaves beside `pyproject.toml` is
+    found first; it lists the checkout's sources, not the installed files (the editable finder).
+    """
+    paths = sysconfig.get_paths()
+    places = list(dict.fromkeys([paths["purelib"], paths["platlib"], site.getusersitepackages()]))
+    for dist in md.distributions(name="boomerang", path=places):
+        return dist
+    raise RuntimeError("Boomerang is not installed in this environment (pip install boomerang)")
+
+
 def _own_files() -> tuple[Path, list[Path], str]:
     """This installation's site-packages, its files there, and a digest of what they are."""
-    dist = md.distribution("boomerang")
+    dist = _installed()
     root = Path(str(dist.locate_file(""))).resolve()
     files = []
     for entry in dist.files or ():

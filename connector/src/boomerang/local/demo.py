@@ -15,7 +15,6 @@ engines pays NIXL's one-time connection set-up, which no later turn pays.
 
 from __future__ import annotations
 
-import re
 import statistics
 import time
 import urllib.request
@@ -23,9 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from boomerang.local.engine_client import tokens_by_source
-
-_REUSE = re.compile(r'^boomerang_router_reuse_total\{outcome="(\w+)"\}\s+([0-9.eE+-]+)$', re.M)
+from boomerang.local.engine_client import tokens_by_source, totals
 
 QUESTIONS = [
     "Tell me a story about a boomerang that always comes back with more than it took.",
@@ -63,7 +60,7 @@ class TurnResult:
 
 def reuse_counts(metrics_text: str) -> dict[str, float]:
     """The router's reuse outcomes from its Prometheus text."""
-    return {m.group(1): float(m.group(2)) for m in _REUSE.finditer(metrics_text)}
+    return totals(metrics_text, "boomerang_router_reuse_total", "outcome")
 
 
 def reuse_outcome(before: dict[str, float], after: dict[str, float]) -> str:

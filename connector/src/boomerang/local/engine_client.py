@@ -1,7 +1,9 @@
 """Plain HTTP calls to one vLLM engine: what the local runtime itself sends an engine.
 
 Calibration times prefills on P and the demo reads each engine's token-source counters; both
-talk to an engine directly, with no router in between. The benchmarks' reference P/D client
+talk to an engine directly, with no router in between. Prometheus pages (an engine's, the
+router's) are read with prometheus_client's own parser, here, for the demo, the benchmarks and
+the tests alike. The benchmarks' reference P/D client
 (`connector/bench/pdclient.py`) builds its turns from these same calls.
 """
 
@@ -12,6 +14,7 @@ import urllib.request
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 BY_SOURCE = "vllm:prompt_tokens_by_source"
 """vLLM's counter of prompt tokens by where they came from (its samples end in `_total`)."""
@@ -44,15 +47,28 @@ def scrape(url: str) -> str:
         return str(resp.read().decode())
 
 
+def samples(metrics_text: str, name: str) -> list[Sample]:
+    """Every sample called `name` on a Prometheus page, however its family is typed (a
+    counter's samples end in `_total`, a histogram's in `_sum`, `_count` and `_bucket`)."""
+    return [
+        sample
+        for family in text_string_to_metric_families(metrics_text)
+        for sample in family.samples
+        if sample.name == name
+    ]
+
+
+def totals(metrics_text: str, name: str, label: str) -> dict[str, float]:
+    """The samples called `name`, summed by the value of one of their labels."""
+    found: dict[str, float] = {}
+    for sample in samples(metrics_text, name):
+        key = sample.labels.get(label)
+        if key:
+            found[key] = found.get(key, 0.0) + sample.value
+    return found
+
+
 def tokens_by_source(metrics_text: str) -> dict[str, float]:
     """An engine's `prompt_tokens_by_source` totals: `external_kv_transfer` (pulled from the
     other engine), `local_compute`, `local_cache_hit`."""
-    totals: dict[str, float] = {}
-    for family in text_string_to_metric_families(metrics_text):
-        if family.name != BY_SOURCE:
-            continue
-        for sample in family.samples:
-            source = sample.labels.get("source")
-            if source and sample.name == f"{BY_SOURCE}_total":
-                totals[source] = totals.get(source, 0.0) + sample.value
-    return totals
+    return totals(metrics_text, f"{BY_SOURCE}_total", "source")

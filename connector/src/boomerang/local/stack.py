@@ -11,7 +11,6 @@ bound to different cores for P and D, logs and pid files under the cache directo
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -93,10 +92,7 @@ def engine_spec(
     """How to run one role's engine locally, from the operator's rendering of the manifest."""
     from boomerang.operator import render
 
-    settings = dataclasses.replace(
-        render.engine_settings(dd, role), host="127.0.0.1", port=ports.http(role)
-    )
-    args = connector.engine_args(role, settings, render.kv_settings(dd, role))
+    args = render.engine_args(dd, role, host="127.0.0.1", port=ports.http(role))
     env = {**base_env, **render.engine_env(dd, role), **engine_local_env(role, ports)}
     return processes.ProcessSpec(
         name=role,

@@ -335,6 +335,13 @@ class RoleSpec(_Model):
     """One role (prefill or decode): a StatefulSet with a headless Service."""
 
     replicas: int = Field(1, description="Number of engine pods in this role.", ge=1, le=INT32_MAX)
+    replicas_from: Literal["Spec", "Scaler"] = Field(
+        "Spec",
+        description="Who owns this role's replica count. Spec: `replicas` above. Scaler: a "
+        "DisaggregatedRoleScaler named `<name>-<role>`, which the operator creates (seeded from "
+        "`replicas`) and whose scale subresource `kubectl scale`, an HPA or KEDA then drive; "
+        "`replicas` is ignored from then on.",
+    )
     tensor_parallel_size: int = Field(1, description="Tensor parallel size per pod.", ge=1)
     resources: RoleResources = Field(
         default_factory=lambda: RoleResources(), description="Compute, GPUs, EFA, hugepages."
@@ -691,6 +698,9 @@ class RoleStatus(_Model):
     desired: int = Field(0, description="Replicas asked for.")
     ready: int = Field(0, description="Replicas ready to serve.")
     updated: int = Field(0, description="Replicas running the current revision.")
+    scaler: str | None = Field(
+        None, description="The DisaggregatedRoleScaler `desired` comes from (replicasFrom: Scaler)."
+    )
 
 
 class RouterStatus(_Model):

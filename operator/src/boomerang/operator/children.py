@@ -3,15 +3,63 @@
 The reconciler applies this list as a whole each time (level-based, never "create if missing"),
 so drift in any child is corrected and a spec change reaches every child it affects. The order
 puts what others reference first (RBAC and config before the pods that use them).
+
+`CHILD_KINDS` is the one table of the kinds those children are: the API client's paths
+(kube.py), the watches that repair drift (handlers.py) and the chart's RBAC (a test checks it
+grants exactly these) all read it. A builder of a new kind adds its row here.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from boomerang.connector.config import ROLES
 from boomerang.operator import engines, policy, routing
 from boomerang.operator.api import API_VERSION, KIND, DisaggregatedDeployment
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One Kubernetes kind: how objects name it, and where the API serves it."""
+
+    api_version: str
+    kind: str
+    plural: str
+
+    @property
+    def group(self) -> str:
+        """The API group (`""` for the core group), as RBAC rules and watches name it."""
+        return self.api_version.rpartition("/")[0]
+
+    @property
+    def version(self) -> str:
+        return self.api_version.rpartition("/")[2]
+
+    @property
+    def path(self) -> str:
+        """The API path prefix: `/api/v1` for the core group, `/apis/<group>/<version>` else."""
+        return f"/apis/{self.api_version}" if self.group else f"/api/{self.api_version}"
+
+
+CHILD_KINDS: tuple[Kind, ...] = (
+    Kind("apps/v1", "StatefulSet", "statefulsets"),
+    Kind("apps/v1", "Deployment", "deployments"),
+    Kind("v1", "Service", "services"),
+    Kind("v1", "ConfigMap", "configmaps"),
+    Kind("v1", "ServiceAccount", "serviceaccounts"),
+    Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
+    Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
+    Kind("rbac.authorization.k8s.io/v1", "Role", "roles"),
+    Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
+)
+"""Every kind `desired_children` builds (a test holds them equal)."""
+
+CREATED_KINDS: tuple[Kind, ...] = (
+    Kind(API_VERSION, "DisaggregatedRoleScaler", "disaggregatedrolescalers"),
+)
+"""Kinds the operator creates once when missing and never applies again (a role's scaler,
+scaling.py: its spec belongs to whoever scales it). The chart grants them the same verbs."""
 
 
 def desired_children(

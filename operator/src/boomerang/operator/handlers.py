@@ -3,8 +3,8 @@
 - the resource itself (create, update, resume) and a repair timer: full `reconcile()`;
 - its StatefulSets and Deployment changing (pods becoming ready, rollouts): `refresh_status()`,
   which also releases decode's held rollout the moment prefill's has finished (rollout.py);
-- any child deleted, or edited by someone else: full `reconcile()` of its owner, so drift is
-  repaired at once rather than at the next timer tick;
+- any child (of a kind in `children.CHILD_KINDS`) deleted, or edited by someone else: full
+  `reconcile()` of its owner, so drift is repaired at once rather than at the next timer tick;
 - its pods (the StatefulSets' and the Deployment's, labelled with the resource's name; the API
   server filters the watch by that label) changing while not ready: `refresh_status()`, so a pod
   that cannot be scheduled, pulled or started shows in status within seconds (pods.py); a pod
@@ -26,22 +26,12 @@ from typing import Any
 
 import kopf
 
-from boomerang.operator import api, metrics, reconcile, render
+from boomerang.operator import api, metrics, reconcile, render, scaler_api, scaling
+from boomerang.operator.children import CHILD_KINDS
 from boomerang.operator.kube import Kube
 
 log = logging.getLogger(__name__)
 REPAIR_INTERVAL_S = 60.0
-_CHILD_KINDS = [
-    ("apps", "v1", "statefulsets"),
-    ("apps", "v1", "deployments"),
-    ("", "v1", "services"),
-    ("", "v1", "configmaps"),
-    ("", "v1", "serviceaccounts"),
-    ("policy", "v1", "poddisruptionbudgets"),
-    ("networking.k8s.io", "v1", "networkpolicies"),
-    ("rbac.authorization.k8s.io", "v1", "roles"),
-    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
-]
 _MANAGED = {"app.kubernetes.io/managed-by": render.MANAGER}
 _kube: Kube | None = None
 _gate = reconcile.StatusGate()
@@ -132,6 +122,21 @@ def on_child_event(event: kopf.RawEvent, **_: Any) -> None:
     _post(owner, outcome)
 
 
+@kopf.on.event(api.GROUP, api.VERSION, scaler_api.PLURAL)
+def on_scaler_event(event: kopf.RawEvent, **_: Any) -> None:
+    """A role's scaler was scaled (`kubectl scale`, an HPA, KEDA) or deleted: converge its
+    deployment now, which resizes the role's StatefulSet or recreates the scaler."""
+    obj = event["object"]
+    if event["type"] == "DELETED":
+        spec, meta = obj.get("spec") or {}, obj.get("metadata") or {}
+        found = (str(meta.get("namespace") or "default"), str(spec.get("deploymentName") or ""))
+    else:
+        found = scaling.owner_of(obj) or ("", "")
+    owner = _owner(found[0], {render.LABEL_DEPLOYMENT: found[1]}) if found[1] else None
+    if owner is not None:
+        _post(owner, _reconcile(owner))
+
+
 @kopf.on.event("", "v1", "pods", labels={render.LABEL_DEPLOYMENT: kopf.PRESENT})
 def on_pod_event(event: kopf.RawEvent, **_: Any) -> None:
     """A pod not ready changed (scheduled, pulling, crashing): say why in status."""
@@ -152,5 +157,5 @@ def _pod_ready(pod: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
-for _group, _version, _plural in _CHILD_KINDS:
-    kopf.on.event(_group, _version, _plural, labels=_MANAGED)(on_child_event)
+for _kind in CHILD_KINDS:
+    kopf.on.event(_kind.group, _kind.version, _kind.plural, labels=_MANAGED)(on_child_event)

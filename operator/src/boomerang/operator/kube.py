@@ -4,7 +4,8 @@ Everything the reconciler does to the cluster goes through `Kube`: server-side a
 under one field manager, reading a workload, listing a role's pods and the nodes they may run
 on (to say why pods are not ready), writing the status subresource. Keeping it this
 small makes the reconciler testable with an in-memory double and the end-to-end suite easy to
-write against a real API server. Paths come from a static table (no discovery round trips).
+write against a real API server. Paths come from a static table (no discovery round trips):
+the children's kinds (children.CHILD_KINDS), plus what the operator only reads and its own.
 """
 
 from __future__ import annotations
@@ -18,29 +19,19 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from boomerang.operator import api
+from boomerang.operator.children import CHILD_KINDS, CREATED_KINDS, Kind
 from boomerang.operator.render import MANAGER
 
 REQUEST_TIMEOUT_S = 30
 ACCESS_TTL_S = 600.0
 """How long the answer to "may I list this cluster-scoped kind?" is trusted."""
 
+_READ_ONLY = (Kind("v1", "Pod", "pods"), Kind("v1", "Node", "nodes"))
+_OWN = Kind(api.API_VERSION, api.KIND, api.PLURAL)
 # (apiVersion, kind) -> (path prefix, plural)
 _RESOURCES: Mapping[tuple[str, str], tuple[str, str]] = {
-    ("v1", "ServiceAccount"): ("/api/v1", "serviceaccounts"),
-    ("v1", "Service"): ("/api/v1", "services"),
-    ("v1", "ConfigMap"): ("/api/v1", "configmaps"),
-    ("v1", "Pod"): ("/api/v1", "pods"),
-    ("v1", "Node"): ("/api/v1", "nodes"),
-    ("apps/v1", "StatefulSet"): ("/apis/apps/v1", "statefulsets"),
-    ("apps/v1", "Deployment"): ("/apis/apps/v1", "deployments"),
-    ("policy/v1", "PodDisruptionBudget"): ("/apis/policy/v1", "poddisruptionbudgets"),
-    ("networking.k8s.io/v1", "NetworkPolicy"): ("/apis/networking.k8s.io/v1", "networkpolicies"),
-    ("rbac.authorization.k8s.io/v1", "Role"): ("/apis/rbac.authorization.k8s.io/v1", "roles"),
-    ("rbac.authorization.k8s.io/v1", "RoleBinding"): (
-        "/apis/rbac.authorization.k8s.io/v1",
-        "rolebindings",
-    ),
-    (api.API_VERSION, api.KIND): (f"/apis/{api.API_VERSION}", api.PLURAL),
+    (k.api_version, k.kind): (k.path, k.plural)
+    for k in (*CHILD_KINDS, *CREATED_KINDS, *_READ_ONLY, _OWN)
 }
 
 
@@ -63,6 +54,10 @@ class KubeAPI(Protocol):
     ) -> dict[str, Any] | None: ...
 
     def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None: ...
+
+    def apply_status(self, obj: Mapping[str, Any]) -> None:
+        """Server-side apply of another kind's status subresource (a role's scaler)."""
+        ...
 
     def list_objects(
         self, api_version: str, kind: str, namespace: str | None, labels: Mapping[str, str]
@@ -143,6 +138,12 @@ class Kube:
     def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         path = object_path(api.API_VERSION, api.KIND, namespace, name) + "/status"
         self._call("PATCH", path, {"status": dict(status)}, "application/merge-patch+json")
+
+    def apply_status(self, obj: Mapping[str, Any]) -> None:
+        meta = obj["metadata"]
+        path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        query = [("fieldManager", MANAGER), ("force", "true")]
+        self._call("PATCH", path + "/status", dict(obj), "application/apply-patch+yaml", query)
 
     def list_objects(
         self, api_version: str, kind: str, namespace: str | None, labels: Mapping[str, str]

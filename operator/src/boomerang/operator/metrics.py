@@ -43,7 +43,7 @@ def key_of(body: Mapping[str, Any]) -> Key:
 
 def result_of(outcome: Outcome, error: str | None) -> str:
     """ok, error or invalid: `error` is the reconcile's recorded failure (None: none)."""
-    if any(reason == "InvalidSpec" for _, reason, _ in outcome.events):
+    if outcome.invalid:
         return "invalid"
     return "error" if error is not None else "ok"
 

@@ -11,7 +11,12 @@ EFA request with the nodes its pods may run on (preflight.py), so a pod no node 
 reported from the spec at once; every refresh reads the pods of components not yet ready
 (pods.py). Both are read only while something is not ready: a settled resource costs nothing.
 A cluster that refuses the operator nodes (a namespaced install without that grant) skips the
-preflight and says so once in the log.
+preflight and says so once in the log. The pods of an engine role mid-rollout are read too: they
+say which engine revisions run, for `revisionSkew` (revisions.py).
+
+A spec the model or the builders reject is said in status (InvalidSpec) and in one Warning
+event, written only when that status changes: the repair timer finds the same invalid spec
+every minute and leaves both alone.
 
 One child depends on another's state: decode's rollout waits for prefill's (rollout.py). A
 reconcile reads both engine StatefulSets before applying to decide the hold; a status refresh,
@@ -30,7 +35,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from boomerang.connector.config import ROLES
-from boomerang.operator import engines, pods, preflight, render, rollout
+from boomerang.operator import engines, pods, preflight, render, revisions, rollout, scaling
 from boomerang.operator.api import API_VERSION, KIND, DisaggregatedDeployment
 from boomerang.operator.children import desired_children
 from boomerang.operator.kube import KubeAPI, KubeError
@@ -39,6 +44,7 @@ from boomerang.operator.status import (
     Diagnosis,
     compute_status,
     condition_changes,
+    invalid_status,
 )
 
 log = logging.getLogger(__name__)
@@ -55,6 +61,8 @@ class Outcome:
     status: dict[str, Any]
     events: list[Event] = field(default_factory=list)
     written: bool = False
+    invalid: bool = False
+    """The spec is rejected by the model or the builders (status says InvalidSpec)."""
 
 
 def reconcile(
@@ -67,6 +75,8 @@ def reconcile(
     try:
         dd = DisaggregatedDeployment.model_validate(dict(body))
         prefill, decode = _read_engine(dd, kube, "prefill"), _read_engine(dd, kube, "decode")
+        live = {"prefill": prefill, "decode": decode}
+        dd = scaling.effective(dd, scaling.resolve(dd, kube, live, create=True))  # scalers' counts
         # The builders validate too (the router's own config): a spec they refuse is invalid.
         children = desired_children(dd, decode_held=rollout.decode_held(dd, prefill, decode))
     except ValidationError as exc:
@@ -185,35 +195,47 @@ def _refresh(key: tuple[str, str], kube: KubeAPI, now: str, gate: StatusGate) ->
     observed["router"] = kube.get(
         "apps/v1", "Deployment", dd.namespace, render.child_name(dd, "router")
     )
+    dd = scaling.effective(dd, scaling.resolve(dd, kube, observed, create=False))
+    scaling.write_status(dd, kube, observed)
     if rollout.release_due(dd, observed["prefill"], observed["decode"]):
         observed["decode"] = _release_decode(dd, kube) or observed["decode"]
     # The last full reconcile's result; after a restart, what the status last said.
     error = gate.errors[key] if key in gate.errors else _last_error(previous)
     capacity = gate.capacity[key] if key in gate.capacity else _last_capacity(previous)
-    diagnosis = Diagnosis(pods=_pod_findings(dd, kube, observed), capacity=capacity)
-    return _finish(dd, observed, previous, kube, now, error, diagnosis)
+    listed = _read_pods(dd, kube, observed)
+    findings = {c: pods.diagnose(listed[c]) for c in _not_ready(observed) if c in listed}
+    found = {c: finding for c, finding in findings.items() if finding is not None}
+    diagnosis = Diagnosis(pods=found, capacity=capacity)
+    return _finish(dd, observed, previous, kube, now, error, diagnosis, listed)
 
 
-def _pod_findings(
-    dd: DisaggregatedDeployment, kube: KubeAPI, observed: Mapping[str, Mapping[str, Any] | None]
-) -> dict[str, pods.Finding]:
-    """Why the pods of each component not fully ready are not: one list call per component."""
-    found: dict[str, pods.Finding] = {}
+def _not_ready(observed: Mapping[str, Mapping[str, Any] | None]) -> set[str]:
+    """Components that exist with fewer ready replicas than they want."""
+    found = set()
     for component, obj in observed.items():
         status = (obj or {}).get("status") or {}
         desired = int((obj or {}).get("spec", {}).get("replicas") or 0)
-        if obj is None or int(status.get("readyReplicas") or 0) >= desired:
-            continue
+        if obj is not None and int(status.get("readyReplicas") or 0) < desired:
+            found.add(component)
+    return found
+
+
+def _read_pods(
+    dd: DisaggregatedDeployment, kube: KubeAPI, observed: Mapping[str, Mapping[str, Any] | None]
+) -> dict[str, list[dict[str, Any]]]:
+    """The pods of each component not fully ready (why not) and of each engine role mid-rollout
+    (which engine revisions run): one list call per component, none for a settled one."""
+    wanted = _not_ready(observed) | {
+        role for role in ROLES if (obj := observed.get(role)) and not revisions.at_one_revision(obj)
+    }
+    found: dict[str, list[dict[str, Any]]] = {}
+    for component in sorted(wanted):
         try:
-            listed = kube.list_objects(
+            found[component] = kube.list_objects(
                 "v1", "Pod", dd.namespace, render.selector_labels(dd, component)
             )
         except KubeError as exc:
             log.warning("Failed to list pods role=%s reason=%s", component, exc.reason)
-            continue
-        finding = pods.diagnose(listed)
-        if finding is not None:
-            found[component] = finding
     return found
 
 
@@ -331,8 +353,9 @@ def _finish(
     now: str,
     error: str | None,
     diagnosis: Diagnosis,
+    listed: Mapping[str, list[dict[str, Any]]],
 ) -> Outcome:
-    status = compute_status(dd, observed, previous, now, error, diagnosis)
+    status = compute_status(dd, observed, previous, now, error, diagnosis, pods=listed)
     outcome = Outcome(status=status, events=_events(previous, status))
     if status != previous:
         kube.patch_status(dd.namespace, dd.name, status)
@@ -359,16 +382,14 @@ def _located(error: Mapping[str, Any]) -> str:
 
 def _invalid(body: Mapping[str, Any], kube: KubeAPI, now: str, exc: ValidationError) -> Outcome:
     """A resource the API server accepted but the model or the builders reject (e.g. an older
-    CRD is installed): said in status, never raised, since no retry can fix it."""
+    CRD is installed): said in status, never raised, since no retry can fix it. Written, with
+    its event, only when it changes what status says."""
     meta = body.get("metadata", {})
     message = "; ".join(_located(e) for e in exc.errors())[:_MESSAGE_MAX]
-    generation = int(meta.get("generation") or 0)
-    conditions = [
-        {"type": kind, "status": value, "reason": "InvalidSpec", "message": message,
-         "lastTransitionTime": now, "observedGeneration": generation}
-        for kind, value in (("Ready", "False"), ("Progressing", "False"), ("Degraded", "True"),
-                            ("Reconciling", "False"), ("Stalled", "True"))
-    ]  # fmt: skip
-    status = {"observedGeneration": generation, "conditions": conditions}
-    kube.patch_status(meta.get("namespace", "default"), meta.get("name", ""), status)
-    return Outcome(status=status, events=[("Warning", "InvalidSpec", message)], written=True)
+    previous = body.get("status") or {}
+    status = invalid_status(int(meta.get("generation") or 0), message, previous, now)
+    outcome = Outcome(status={**previous, **status}, invalid=True)
+    if any(previous.get(key) != value for key, value in status.items()):
+        kube.patch_status(meta.get("namespace", "default"), meta.get("name", ""), status)
+        outcome.events, outcome.written = [("Warning", "InvalidSpec", message)], True
+    return outcome

@@ -8,6 +8,7 @@ processes. Both call the same functions, so a local stack runs exactly what the 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from typing import Any
@@ -90,13 +91,19 @@ def engine_settings(dd: DisaggregatedDeployment, role: Role) -> EngineSettings:
     )
 
 
-def engine_args(dd: DisaggregatedDeployment, role: Role) -> list[str]:
-    return connector.engine_args(role, engine_settings(dd, role), kv_settings(dd, role))
+def engine_args(dd: DisaggregatedDeployment, role: Role, **overrides: Any) -> list[str]:
+    """vLLM's arguments for one role; `overrides` replace engine settings (the local runtime
+    listens on its own host and port)."""
+    settings = dataclasses.replace(engine_settings(dd, role), **overrides)
+    return connector.engine_args(role, settings, kv_settings(dd, role))
 
 
 def engine_env(dd: DisaggregatedDeployment, role: Role) -> dict[str, str]:
-    """Literal env of one role's engine: connector env, then the user's (user wins)."""
+    """Literal env of one role's engine: connector env and the engine revision (which the
+    engine publishes, so the router can pair P and D of one revision), then the user's (user
+    wins)."""
     env = connector.engine_env(role, kv_settings(dd, role), efa=dd.spec.efa)
+    env[connector.ENGINE_REVISION_ENV] = engine_revision(dd)
     for var in user_env(dd, role):
         if var.value is not None:
             env[var.name] = var.value

@@ -2,8 +2,10 @@
 
 Status is written on purpose, for people and for tools (`kubectl get`, Argo CD health checks):
 per-role desired/ready/updated counts, the router's readiness and URL, the effective kv-transfer
-settings, and three standard conditions (plus kstatus' Reconciling and Stalled, mirroring
-Progressing and Degraded, for Flux and other kstatus readers):
+settings, whether P and D run different engine revisions, and three standard conditions (plus
+kstatus' Reconciling and Stalled, mirroring Progressing and Degraded, for Flux and other kstatus
+readers). It is built from the status model in `api.py`, so it holds exactly the fields the CRD
+declares, under the names the CRD declares:
 - Ready: every role and the router have all their replicas ready at the current generation;
 - Progressing: a rollout or scale is under way (including P and D at different revisions);
   its message says when decode's pods wait for prefill to roll out first (rollout.py);
@@ -16,6 +18,8 @@ A condition's `lastTransitionTime` moves only when its status changes, so status
 Progressing's (and Reconciling's) also restarts when a new generation is seen or a replica
 becomes ready or updated: it is the progress deadline's clock, like a Deployment's
 `lastUpdateTime`, so a long rollout that keeps moving never exceeds it.
+
+`revisionSkew` compares the engine revisions the pods of both roles run (revisions.py).
 """
 
 from __future__ import annotations
@@ -23,11 +27,19 @@ from __future__ import annotations
 import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from boomerang.connector.config import ROLES
-from boomerang.operator import engines, render, rollout
-from boomerang.operator.api import DisaggregatedDeployment, parse_duration
+from boomerang.operator import engines, render, revisions, rollout, scaling
+from boomerang.operator.api import (
+    Condition,
+    DisaggregatedDeployment,
+    DisaggregatedDeploymentStatus,
+    EffectiveKVTransfer,
+    RoleStatus,
+    RouterStatus,
+    parse_duration,
+)
 from boomerang.operator.pods import PRIORITY, Finding
 
 PROGRESS_DEADLINE_S = float(engines.STARTUP_BUDGET_S)
@@ -55,30 +67,39 @@ class Workload:
     updated: int
     settled: bool  # controller caught up with the spec and no revision change pending
     held: bool = False  # a pending revision change the StatefulSet's partition holds back
+    revisions: frozenset[str] = frozenset()  # engine revisions its pods run (engine roles)
 
     @property
     def complete(self) -> bool:
         return self.settled and self.ready >= self.desired and self.updated >= self.desired
 
 
-def workload(obj: Mapping[str, Any] | None, desired: int) -> Workload:
-    """Read a StatefulSet's or Deployment's status (None: not created yet)."""
+def workload(
+    obj: Mapping[str, Any] | None,
+    desired: int,
+    pods: Sequence[Mapping[str, Any]] | None = None,
+) -> Workload:
+    """Read a StatefulSet's or Deployment's status (None: not created yet); `pods`: its pods,
+    where they were read."""
     if not obj:
         return Workload(desired=desired, ready=0, updated=0, settled=False)
     status = obj.get("status") or {}
     generation = obj.get("metadata", {}).get("generation", 0)
     settled = status.get("observedGeneration", 0) >= generation
     held = False
+    running: frozenset[str] = frozenset()
     if obj.get("kind") == "StatefulSet":
         current, update = status.get("currentRevision"), status.get("updateRevision")
         settled = settled and (current == update or desired == 0)
         held = not settled and rollout.partition(obj) > 0
+        running = revisions.running(obj, pods)
     return Workload(
         desired=desired,
         ready=int(status.get("readyReplicas") or 0),
         updated=int(status.get("updatedReplicas") or 0),
         settled=settled,
         held=held,
+        revisions=running,
     )
 
 
@@ -90,49 +111,76 @@ def compute_status(
     error: str | None = None,
     diagnosis: Diagnosis | None = None,
     deadline_s: float = PROGRESS_DEADLINE_S,
+    pods: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> dict[str, Any]:
-    """The whole `.status` object; `observed` maps prefill/decode/router to their workloads."""
+    """The whole `.status` object; `observed` maps prefill/decode/router to their workloads,
+    `pods` the components whose pods were read (at least each engine role mid-rollout)."""
     generation = int(dd.metadata.get("generation") or 0)
     roles: dict[str, Workload] = {
-        role: workload(observed.get(role), render.role_spec(dd, role).replicas) for role in ROLES
+        role: workload(
+            observed.get(role), render.role_spec(dd, role).replicas, (pods or {}).get(role)
+        )
+        for role in ROLES
     }
     router = workload(observed.get("router"), dd.spec.router.replicas)
-    skew = _revision_skew(roles["prefill"], roles["decode"])
-    status: dict[str, Any] = {
-        "observedGeneration": generation,
-        **{role: _role_status(w) for role, w in roles.items()},
-        "router": {
-            "desired": router.desired,
-            "ready": router.ready,
-            "url": render.router_url(dd),
-        },
-        "kvTransfer": _effective_kv(dd),
-        "engineRevision": render.engine_revision(dd),
-        "revisionSkew": skew,
-    }
+    skew = revisions.skewed(roles["prefill"].revisions, roles["decode"].revisions)
+    status = DisaggregatedDeploymentStatus(
+        observed_generation=generation,
+        prefill=_role_status(roles["prefill"]),
+        decode=_role_status(roles["decode"]),
+        router=RouterStatus(desired=router.desired, ready=router.ready, url=render.router_url(dd)),
+        kv_transfer=_effective_kv(dd),
+        engine_revision=render.engine_revision(dd),
+        revision_skew=skew,
+    )
+    for role, scaler in scaling.status_fields(dd).items():  # replicasFrom: Scaler
+        role_status = getattr(status, role).model_copy(update={"scaler": scaler})
+        status = status.model_copy(update={role: role_status})
+    counts = status.model_dump(by_alias=True, include={"prefill", "decode", "router"})
     old = {c["type"]: c for c in (previous or {}).get("conditions", [])}
     # Ready once for this very spec: replicas missing since then are a fault. After a spec
     # change (a scale-up first seen with its new pods pending) they are the change under way.
     # Remembered as a generation, not read from the last Ready condition: a transient status
     # in between (pods deleted, the StatefulSet not yet caught up) would otherwise make a
     # resource that lost its pods look like one still rolling out, forever.
-    was_ready = _ready_generation(previous) == generation
-    since = _progress_since(old.get("Progressing"), status, previous, now, generation)
+    # A role's scaler (scaling.py) grows it at the same generation: its new pods are the change
+    # under way, not missing ones, until everything is ready again.
+    grew = _grew({r: roles[r] for r in scaling.scaled_roles(dd)}, previous)
+    was_ready = _ready_generation(previous) == generation and not grew
+    since = _progress_since(old.get("Progressing"), counts, previous, now, generation)
     overdue = _elapsed(since, now) > deadline_s
     facts = _Facts(error, was_ready, diagnosis or Diagnosis(), overdue, deadline_s)
     decided = _decide(roles, router, skew, facts)
-    if decided["Ready"][0]:
-        status["readyGeneration"] = generation
-    elif _ready_generation(previous) is not None:
-        status["readyGeneration"] = _ready_generation(previous)
-    status["conditions"] = [
-        _condition(kind, value, reason, message, old.get(kind), now, generation)
-        for kind, (value, reason, message) in decided.items()
+    ready_generation = generation if decided["Ready"][0] else _ready_generation(previous)
+    if grew and not decided["Ready"][0]:
+        ready_generation = None
+    conditions = []
+    for kind, (value, reason, message) in decided.items():
+        cond = _condition(kind, value, reason, message, old.get(kind), now, generation)
+        if kind in _PROGRESS_CLOCKS and value:
+            cond = cond.model_copy(update={"last_transition_time": since})
+        conditions.append(cond)
+    status = status.model_copy(
+        update={"ready_generation": ready_generation, "conditions": conditions}
+    )
+    return status.model_dump(by_alias=True, exclude_none=True)
+
+
+def invalid_status(
+    generation: int, message: str, previous: Mapping[str, Any] | None, now: str
+) -> dict[str, Any]:
+    """What a spec the model or the builders reject changes in status: `observedGeneration` and
+    the conditions, which say `InvalidSpec` (the rest still describes the workloads). A
+    condition keeps its `lastTransitionTime` while its status stays, so an unchanged invalid
+    spec computes an unchanged status."""
+    old = {c["type"]: c for c in (previous or {}).get("conditions", [])}
+    faulty = {"Degraded", "Stalled"}
+    conditions = [
+        _condition(kind, kind in faulty, "InvalidSpec", message, old.get(kind), now, generation)
+        for kind in ("Ready", "Progressing", "Degraded", "Reconciling", "Stalled")
     ]
-    for cond in status["conditions"]:
-        if cond["type"] in _PROGRESS_CLOCKS and cond["status"] == "True":
-            cond["lastTransitionTime"] = since
-    return status
+    status = DisaggregatedDeploymentStatus(observed_generation=generation, conditions=conditions)
+    return status.model_dump(by_alias=True, exclude_unset=True)
 
 
 _PROGRESS_CLOCKS = frozenset({"Progressing", "Reconciling"})
@@ -140,7 +188,7 @@ _PROGRESS_CLOCKS = frozenset({"Progressing", "Reconciling"})
 
 def _progress_since(
     old: Mapping[str, Any] | None,
-    status: Mapping[str, Any],
+    counts: Mapping[str, Any],
     previous: Mapping[str, Any] | None,
     now: str,
     generation: int,
@@ -150,7 +198,7 @@ def _progress_since(
     if not old or old.get("status") != "True" or old.get("observedGeneration") != generation:
         return now
     for component in (*ROLES, "router"):
-        before, after = (previous or {}).get(component) or {}, status[component]
+        before, after = (previous or {}).get(component) or {}, counts[component]
         for count in ("ready", "updated"):
             if count in after and int(after[count]) > int(before.get(count) or 0):
                 return now
@@ -163,6 +211,15 @@ def _elapsed(since: str, now: str) -> float:
     except ValueError:
         return 0.0
     return (end - start).total_seconds()
+
+
+def _grew(roles: Mapping[str, Workload], previous: Mapping[str, Any] | None) -> bool:
+    """A scaled role asks for more replicas than the last status said."""
+    for role, w in roles.items():
+        before = ((previous or {}).get(role) or {}).get("desired")
+        if isinstance(before, int) and w.desired > before:
+            return True
+    return False
 
 
 def _ready_generation(previous: Mapping[str, Any] | None) -> int | None:
@@ -275,31 +332,21 @@ def _degraded(
     return (False, "AsExpected", "no faults")
 
 
-def _revision_skew(prefill: Workload, decode: Workload) -> bool:
-    """True while one role has finished rolling to the new engine revision and the other hasn't,
-    or either is part-way: then some P and some D pods run different engine builds."""
-
-    def partial(w: Workload) -> bool:
-        return 0 < w.updated < w.desired
-
-    return partial(prefill) or partial(decode)
+def _role_status(w: Workload) -> RoleStatus:
+    return RoleStatus(desired=w.desired, ready=w.ready, updated=w.updated)
 
 
-def _role_status(w: Workload) -> dict[str, int]:
-    return {"desired": w.desired, "ready": w.ready, "updated": w.updated}
-
-
-def _effective_kv(dd: DisaggregatedDeployment) -> dict[str, Any]:
+def _effective_kv(dd: DisaggregatedDeployment) -> EffectiveKVTransfer:
     kv = dd.spec.kv_transfer
-    return {
-        "bidirectional": kv.bidirectional,
-        "recomputeThreshold": kv.recompute_threshold,
-        "decoderBlocksTTLSeconds": round(parse_duration(kv.decoder_blocks_ttl)),
-        "leaseDurationSeconds": round(parse_duration(kv.lease_duration)),
-        "routerConversationTTLSeconds": round(dd.spec.router_ttl_seconds),
-        "backend": dd.spec.backend,
-        "loadFailurePolicy": kv.load_failure_policy,
-    }
+    return EffectiveKVTransfer(
+        bidirectional=kv.bidirectional,
+        recompute_threshold=kv.recompute_threshold,
+        decoder_blocks_ttl_seconds=round(parse_duration(kv.decoder_blocks_ttl)),
+        lease_duration_seconds=round(parse_duration(kv.lease_duration)),
+        router_conversation_ttl_seconds=round(dd.spec.router_ttl_seconds),
+        backend=dd.spec.backend,
+        load_failure_policy=kv.load_failure_policy,
+    )
 
 
 def _condition(
@@ -310,17 +357,17 @@ def _condition(
     old: Mapping[str, Any] | None,
     now: str,
     generation: int,
-) -> dict[str, Any]:
-    status = "True" if value else "False"
+) -> Condition:
+    status: Literal["True", "False"] = "True" if value else "False"
     since = old["lastTransitionTime"] if old and old.get("status") == status else now
-    return {
-        "type": kind,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": since,
-        "observedGeneration": generation,
-    }
+    return Condition(
+        type=kind,
+        status=status,
+        reason=reason,
+        message=message,
+        last_transition_time=str(since),
+        observed_generation=generation,
+    )
 
 
 def condition_changes(

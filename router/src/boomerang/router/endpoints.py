@@ -6,6 +6,9 @@ requests and outstanding work (estimated prompt tokens), consecutive failures (e
 whether streamed responses carry kv_transfer_params, the KV block size). Discovery replaces the
 URL set; state of surviving URLs is kept.
 
+Pairing comes before selection: P and D of a turn must share one engine revision (`pairable`,
+`partners`), which each engine publishes on its `/metrics`.
+
 Selection is a small strategy object so it can be replaced: the default sends prefill to the
 least outstanding work and keeps a conversation on the decode pod that holds its history (its
 prefix cache shrinks the P->D transfer) unless that pod is `slack` requests busier than the
@@ -52,6 +55,11 @@ class Endpoint:
     stream_params: bool | None = None
     """Whether D's streamed final chunk carries kv_transfer_params (None: not known yet)."""
     stream_params_at: float = 0.0
+    revision: str | None = None
+    """The engine revision it publishes on `/metrics` (build and connector settings): P and D
+    hand KV over only within one revision. None: it does not say, and pairs with any."""
+    identified: bool = False
+    """Its `/metrics` page was read (revision learned, or known not to be published)."""
 
     @property
     def ready(self) -> bool:
@@ -111,6 +119,7 @@ class Pool:
             ep.ejected = True
             ep.lost_at = time.time()
             ep.block_size = None
+            ep.identified = False
             return True
         return False
 
@@ -135,6 +144,26 @@ class Pool:
         finally:
             ep.inflight -= 1
             ep.work -= work
+
+
+def compatible(a: Endpoint, b: Endpoint) -> bool:
+    """Whether two engines may hand KV to each other: the same revision, or one unknown."""
+    return a.revision is None or b.revision is None or a.revision == b.revision
+
+
+def pairable(prefill: Sequence[Endpoint], decode: Sequence[Endpoint]) -> list[Endpoint]:
+    """The prefill candidates that have a compatible decode candidate.
+
+    During a rollout the operator moves prefill to the new engine revision first and holds
+    decode on the old one; a P of one revision and a D of the other never share a turn. Empty
+    when no pair exists (then the turn is served by one engine alone, or fails clearly).
+    """
+    return [p for p in prefill if any(compatible(p, d) for d in decode)]
+
+
+def partners(p: Endpoint, decode: Sequence[Endpoint]) -> list[Endpoint]:
+    """The decode candidates that may take over P's KV."""
+    return [d for d in decode if compatible(p, d)]
 
 
 class Strategy(Protocol):

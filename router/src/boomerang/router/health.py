@@ -2,9 +2,10 @@
 
 Passive ejection happens in the flow (consecutive failed calls); this loop is what brings an
 ejected engine back, marks engines ready for `/ready`, and reads once what the router needs to
-know about each engine: its `/version` (capability detection) and, for decode engines, the KV
-block size from `/metrics` (vLLM's `vllm:cache_config_info` gauge carries it as a label), which
-partial reuse needs and must never guess. Probes run concurrently and are bounded by
+know about each engine: its `/version` (capability detection), from `/metrics` the engine
+revision the Boomerang plugin publishes (P and D are paired within one revision) and, for
+decode engines, the KV block size (vLLM's `vllm:cache_config_info` gauge carries it as a
+label), which partial reuse needs and must never guess. Probes run concurrently and are bounded by
 `timeouts.probe_s`.
 """
 
@@ -12,27 +13,56 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 
+from prometheus_client.parser import text_string_to_metric_families
+
+from boomerang.connector.config import ENGINE_REVISION_METRIC
 from boomerang.router.config import RouterConfig
 from boomerang.router.endpoints import Endpoint, Pool
-from boomerang.router.engine_http import EngineClient, Limits
 from boomerang.router.metrics import Metrics
-from boomerang.router.upstream import UpstreamError, get_bytes, get_json, timeout
+from boomerang.router.upstream import (
+    EngineClient,
+    Limits,
+    UpstreamError,
+    get_bytes,
+    get_json,
+    timeout,
+)
 
 log = logging.getLogger("boomerang.router")
-_CACHE_INFO = re.compile(rb"^vllm:cache_config_info\{(.*)\}", re.MULTILINE)
-_BLOCK_SIZE = re.compile(rb'(?:^|,)\s*block_size="(\d+)"')
+CACHE_INFO = "vllm:cache_config_info"
 
 
 def block_size_from_metrics(text: bytes) -> int:
-    """D's KV block size from a Prometheus page: the `block_size` label of
-    `vllm:cache_config_info`; 0 when absent, malformed or ambiguous (several values)."""
+    """D's KV block size from a Prometheus page (read with prometheus_client's parser): the
+    `block_size` label of `vllm:cache_config_info`; 0 when absent, malformed or ambiguous
+    (several values), or when the page does not parse."""
     sizes = set()
-    for labels in _CACHE_INFO.findall(text):
-        match = _BLOCK_SIZE.search(labels)
-        sizes.add(int(match.group(1)) if match else 0)
+    try:
+        for family in text_string_to_metric_families(text.decode(errors="replace")):
+            for sample in family.samples:
+                if sample.name == CACHE_INFO:
+                    value = sample.labels.get("block_size", "")
+                    sizes.add(int(value) if value.isascii() and value.isdigit() else 0)
+    except ValueError:
+        return 0
     return sizes.pop() if len(sizes) == 1 else 0
+
+
+def revision_from_metrics(text: bytes) -> str | None:
+    """The engine revision the Boomerang plugin publishes (the `revision` label of
+    `boomerang_engine_revision_info`); None when absent, ambiguous or unparsable."""
+    found = set()
+    try:
+        for family in text_string_to_metric_families(text.decode(errors="replace")):
+            for sample in family.samples:
+                if sample.name == ENGINE_REVISION_METRIC and sample.value:
+                    found.add(sample.labels.get("revision", ""))
+    except ValueError:
+        return None
+    if len(found) != 1:
+        return None
+    return found.pop() or None
 
 
 async def probe(engines: EngineClient, pool: Pool, ep: Endpoint, config: RouterConfig) -> bool:
@@ -59,22 +89,30 @@ async def probe(engines: EngineClient, pool: Pool, ep: Endpoint, config: RouterC
                 ep.version = data["version"]
         except UpstreamError:
             ep.version = None
-    if ep.block_size is None and pool.role == "decode":
-        await _learn_block_size(engines, ep, limit)
+    needs_block = pool.role == "decode" and ep.block_size is None
+    if needs_block or not ep.identified:
+        await _read_metrics(engines, ep, limit, needs_block)
     return True
 
 
-async def _learn_block_size(engines: EngineClient, ep: Endpoint, limit: Limits) -> None:
-    """Once per engine: a refused page (4xx) means the engine does not say (0, full hits only);
-    a transport failure leaves it unknown, to ask again at the next probe."""
+async def _read_metrics(engines: EngineClient, ep: Endpoint, limit: Limits, block: bool) -> None:
+    """Once per engine (again after an ejection): its revision, and for D its block size. A
+    refused page (4xx) means the engine does not say (no revision; block size 0, full hits
+    only); a transport failure leaves both unknown, to ask again at the next probe."""
     try:
-        ep.block_size = block_size_from_metrics(
-            await get_bytes(engines, ep.url + "/metrics", limit)
-        )
+        page = await get_bytes(engines, ep.url + "/metrics", limit)
     except UpstreamError as exc:
         if exc.kind == "client":
-            ep.block_size = 0
+            ep.identified = True
+            ep.block_size = 0 if block else ep.block_size
         return
+    ep.identified = True
+    ep.revision = revision_from_metrics(page)
+    if ep.revision:
+        log.info("Learned engine revision", extra={"engine": ep.url, "revision": ep.revision})
+    if not block:
+        return
+    ep.block_size = block_size_from_metrics(page)
     if ep.block_size:
         log.info("Learned block size", extra={"engine": ep.url, "block_size": ep.block_size})
     else:
