@@ -43,6 +43,8 @@ REPO = HERE.parents[1]
 # Bump to rebuild everything after a change to how images are built here.
 RECIPE = "2"
 NAMES = ("operator", "router", "connector")
+ENGINE_INSTALL = REPO / "connector" / "src" / "boomerang" / "connector"
+"""Where the engine install script and its pins live: the vLLM CPU base's build context."""
 DOCKERFILES = {name: f"{name}/Dockerfile" for name in NAMES}
 # Images the tests need beside the product's: stand-ins for public images users pull.
 STAND_INS = ("redis",)
@@ -188,8 +190,16 @@ class Builder:
             if folder.is_dir() and old != key and re.fullmatch(r"[0-9a-f]{16}", old):
                 old_ref = f"{ref.rsplit(':', 1)[0]}:k-{old}"
                 if self.buildah.has(old_ref):
-                    self.buildah.run("rmi", old_ref, capture=True)
+                    self._drop_image(old_ref)
                 shutil.rmtree(folder)
+
+    def _drop_image(self, ref: str) -> None:
+        """Remove an outdated image; one still pinned (by an image built on it) is left, with a
+        note: it only costs disk."""
+        try:
+            self.buildah.run("rmi", ref, capture=True)
+        except subprocess.CalledProcessError as exc:
+            self.log(f"images: left {ref} in place: {(exc.stderr or '').strip()[-200:]}")
 
     def python_base(self) -> Built:
         containerfile = HERE / "python-base.Containerfile"
@@ -247,7 +257,7 @@ class Builder:
         if os.environ.get("BOOMERANG_TORCH_INDEX"):
             build_args["BOOMERANG_TORCH_INDEX"] = os.environ["BOOMERANG_TORCH_INDEX"]
             route = route if wheels else "torch-index"
-        inputs = [REPO / "connector" / n for n in ("install-engine.sh", "requirements-engine.txt")]
+        inputs = [ENGINE_INSTALL / n for n in ("install-engine.sh", "requirements-engine.txt")]
         key = digest(
             RECIPE, containerfile.read_bytes(), tree_digest(inputs), python.key,
             json.dumps(build_args, sort_keys=True), *found,
@@ -260,7 +270,7 @@ class Builder:
         started = time.monotonic()
         volumes = (f"{wheels}:/opt/boomerang/wheels:ro",) if wheels else ()
         tags = [f"localhost/boomerang/vllm-cpu:k-{key}"]
-        self.buildah.bud(containerfile, REPO / "connector", tags, build_args, volumes)
+        self.buildah.bud(containerfile, ENGINE_INSTALL, tags, build_args, volumes)
         return self.finish("vllm-cpu", ref, key, started, archived=False)
 
     def redis(self, python: Built) -> Built:
@@ -296,6 +306,9 @@ class Builder:
 
     def build(self, names: tuple[str, ...] = NAMES) -> dict[str, Built]:
         with self.lock():
+            # A failed build leaves its working container (it pins its base and holds disk);
+            # under the lock no build of ours runs, so whatever is left is such a leftover.
+            self.buildah.run("rm", "--all", capture=True)
             built = {"python-base": self.python_base()}
             for name in names:
                 if name == "redis":

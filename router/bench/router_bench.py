@@ -1,7 +1,8 @@
 """Router overhead benchmark: instant fake engines on loopback, router vs calling them directly.
 
 Run: `make bench-router [ARGS="--rate 500 --no-pin"]` (~2 min, 2 cores,
-plus the memory table; `--memory-only` prints just that table, about 4 min on 2 busy cores).
+plus the memory table; `--memory-only` prints just that table, about 4 min on 2 busy cores;
+`--no-memory` leaves it out). `--stream` makes every turn a streamed one (see below).
 
 Three processes, on uvloop when it is installed: the fake P and D engines (testing.py's
 `FakeEngine`, both in one process), the router (`boomerang-router`, as deployed) and this load
@@ -28,6 +29,13 @@ so about `--rate` turns/s arrive (fewer at 1 slot, whose latency adds to its thi
 per stored conversation: tracemalloc over 100k realistic handles in this process (D's params with
 one block id per block and the per-block hashes), for a 1k-token history in 16-token blocks and
 8k and 32k tokens in 128-token blocks (`bench_memory.CASES`).
+
+Streamed turns (`--stream`): the client asks for `stream: true` and `max_tokens: 16`; D streams as
+vLLM >= 0.33 does, one chunk per token (the first chunk carries the role and the prompt's token
+ids, the last the finish reason and D's kv_transfer_params), so a turn is 18 SSE events with
+`[DONE]`. The router passes D's stream through; the load generator reads it to its end (latency
+is to the last byte), assembles the reply for the next turn's history and checks that no
+engine-internal field reached it. Direct rounds stream from D the same way.
 """
 
 from __future__ import annotations
@@ -37,24 +45,21 @@ import asyncio
 import gc
 import itertools
 import os
-import random
 import statistics
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import orjson
 from aiohttp import web
 from bench_memory import CASES, memory_per_conversation
+from bench_turns import STREAM_TOKENS, conversation, think_times
+from prometheus_client.parser import text_string_to_metric_families
 from router_testing import EngineSpec, Fabric, FakeEngine, free_port, wait_port
 
-from boomerang.router import protocol
-from boomerang.router.engine_http import EngineClient, Limits
-from boomerang.router.validation import validate
+from boomerang.router.upstream import EngineClient
 
 TURNS = 8
 """Turns per conversation."""
@@ -63,7 +68,6 @@ SIZES = {1: 50, 64: 2, 256: 1}
 ROUNDS = 3
 MIN_ROUND_S = 4.0
 """A fixed-load round lasts max(this, TURNS mean think times) seconds."""
-LIMITS = Limits(total=120.0, connect=60.0)
 
 
 def _use_uvloop() -> str:
@@ -85,7 +89,15 @@ async def _serve_engines(p_port: int, d_port: int) -> None:
         return web.json_response(body)
 
     for role, port in (("prefill", p_port), ("decode", d_port)):
-        spec = EngineSpec(role=role, engine_id=role, fabric=fabric, record_calls=False)
+        spec = EngineSpec(
+            role=role,
+            engine_id=role,
+            fabric=fabric,
+            record_calls=False,
+            version="0.33.0",  # streams D's params on the final chunk, as vLLM >= 0.33
+            stream_params=True,
+            chunk_per_token=True,
+        )
         app = FakeEngine(spec).app()
         app.router.add_get("/fabric", report)
         runner = web.AppRunner(app, access_log=None)
@@ -98,60 +110,6 @@ async def _serve_engines(p_port: int, d_port: int) -> None:
 def _get(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=10) as resp:
         return bytes(resp.read())
-
-
-async def _post(client: EngineClient, url: str, body: dict[str, Any]) -> Any:
-    status, raw = await client.request("POST", url, orjson.dumps(body), LIMITS)
-    assert status == 200, raw
-    return orjson.loads(raw)
-
-
-async def _turn(
-    client: EngineClient, urls: dict[str, str], body: dict[str, Any], handle: Any
-) -> Any:
-    if "router" in urls:
-        return await _post(client, urls["router"] + "/v1/chat/completions", body)
-    req = validate("chat", body, None)
-    p_body = protocol.prefill_request(req.body, handle)
-    p_data = await _post(client, urls["p"] + "/v1/chat/completions", p_body)
-    d_body = protocol.decode_request(req.body, p_data["kv_transfer_params"], stream=False)
-    return await _post(client, urls["d"] + "/v1/chat/completions", d_body)
-
-
-def _thinks(seed: str, mean_s: float) -> Iterator[float]:
-    """Think times before each turn: exponential with this mean (0: none), seeded."""
-    rng = random.Random(seed)
-    while True:
-        yield rng.expovariate(1.0 / mean_s) if mean_s else 0.0
-
-
-async def _conversation(
-    client: EngineClient,
-    urls: dict[str, str],
-    cid: str,
-    turns: int,
-    thinks: Iterator[float],
-    deadline: float,
-    out: list[float],
-) -> int:
-    """Up to `turns` turns (none starts after `deadline`); returns how many ran."""
-    history = [{"role": "user", "content": f"conversation {cid} opens with a question"}]
-    handle = None
-    for turn in range(turns):
-        pause = next(thinks)
-        if time.perf_counter() + pause >= deadline:  # the round ends before this turn
-            await asyncio.sleep(max(0.0, deadline - time.perf_counter()))
-            return turn
-        if pause:
-            await asyncio.sleep(pause)
-        body = {"model": "fake", "messages": history, "conversation_id": cid}
-        start = time.perf_counter()
-        data = await _turn(client, urls, body, handle)
-        out.append(time.perf_counter() - start)
-        handle = data.get("kv_transfer_params")
-        reply = data["choices"][0]["message"]
-        history = [*history, reply, {"role": "user", "content": f"turn {turn} follow-up"}]
-    return turns
 
 
 @dataclass
@@ -172,6 +130,7 @@ class Bench:
     modes: tuple[Mode, Mode]
     pids: dict[str, int]
     rate: float
+    stream: bool = False
     turns: dict[str, int] = field(default_factory=lambda: {"direct": 0, "router": 0})
     conversations: dict[str, int] = field(default_factory=lambda: {"direct": 0, "router": 0})
     rows: int = 0
@@ -197,12 +156,14 @@ async def _round(
     cpu, start, out = bench.cpu(), time.perf_counter(), list[float]()
 
     async def slot(i: int) -> None:
-        thinks, deadline = _thinks(f"{tag}/{i}", mean_s), start + seconds  # same in both modes
+        thinks, deadline = think_times(f"{tag}/{i}", mean_s), start + seconds  # same in both modes
         for k in itertools.count():
             if time.perf_counter() >= deadline or k == count:
                 return
             cid = f"{mode.name}{bench.rows}.{tag}s{i}c{k}"  # unique: each conversation is new
-            n = await _conversation(client, mode.urls, cid, turns, thinks, deadline, out)
+            n = await conversation(
+                client, mode.urls, cid, turns, thinks, deadline, out, bench.stream
+            )
             bench.turns[mode.name] += n
             bench.conversations[mode.name] += n > 0
 
@@ -268,9 +229,11 @@ def _table(bench: Bench, fixed_load: bool) -> None:
 def _checks(bench: Bench) -> list[str]:
     """Print the router's reuse counts and the engines' fabric; return what went wrong."""
     reuse = {}
-    for line in _get(bench.modes[1].urls["router"] + "/metrics").decode().splitlines():
-        if line.startswith("boomerang_router_reuse_total{"):
-            reuse[line.split('"')[1]] = int(float(line.split()[-1]))
+    page = _get(bench.modes[1].urls["router"] + "/metrics").decode()
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            if sample.name == "boomerang_router_reuse_total":
+                reuse[sample.labels["outcome"]] = int(sample.value)
     fabric = orjson.loads(_get(bench.modes[0].urls["p"] + "/fabric"))
     turns, convs = bench.turns, bench.conversations
     want = {"hit": turns["router"] - convs["router"], "miss": convs["router"]}
@@ -328,6 +291,10 @@ def main(argv: list[str] | None = None) -> None:
         help="router alone on the first CPU, the rest on the others (default: with 2+ CPUs)",
     )
     ap.add_argument("--memory-only", action="store_true", help="print only the memory table")
+    ap.add_argument("--no-memory", action="store_true", help="leave the memory table out")
+    ap.add_argument(
+        "--stream", action="store_true", help=f"streamed turns of {STREAM_TOKENS} tokens"
+    )
     ap.add_argument("--serve-engines", nargs=2, type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.memory_only:
@@ -358,7 +325,7 @@ def main(argv: list[str] | None = None) -> None:
             Mode("router", {"router": url["r"]}),
         )
         pids = {"router": router.pid, "engines": engines.pid}
-        status = _run(Bench(modes, pids, args.rate), loop_name)
+        status = _run(Bench(modes, pids, args.rate, args.stream), loop_name, not args.no_memory)
     finally:
         for proc in (router, engines):
             proc.terminate()
@@ -366,7 +333,7 @@ def main(argv: list[str] | None = None) -> None:
     raise SystemExit(status)
 
 
-def _run(bench: Bench, loop_name: str) -> int:
+def _run(bench: Bench, loop_name: str, memory: bool = True) -> int:
     where = {name: os.sched_getaffinity(pid) for name, pid in bench.pids.items()}
     where["load generator"] = os.sched_getaffinity(0)
     cpus = {name: ",".join(map(str, sorted(c))) for name, c in where.items()}
@@ -375,13 +342,16 @@ def _run(bench: Bench, loop_name: str) -> int:
         f"machine: {os.cpu_count()} CPUs; event loop of the engines and load generator: {loop_name}"
     )
     print(f"{ROUNDS} alternating direct/router rounds per row; conversations of {TURNS} turns")
+    kind = f"streamed ({STREAM_TOKENS} tokens, one SSE event each)" if bench.stream else "plain"
+    print(f"turns: {kind}")
     gc.freeze()  # as in the engines: full collections skip the startup objects
     print(f"load average before: {os.getloadavg()[0]:.2f}")
     _table(bench, fixed_load=False)
     _table(bench, fixed_load=True)
     problems = _checks(bench)
     print(f"load average after: {os.getloadavg()[0]:.2f}\n")
-    _memory_table()
+    if memory:
+        _memory_table()
     for problem in problems:
         print(f"FAILED: {problem}")
     return 1 if problems else 0

@@ -43,14 +43,15 @@ WorldFactory = Callable[..., Any]
 
 @pytest.fixture
 async def world() -> AsyncIterator[WorldFactory]:
-    """`await world(n_prefill=1, n_decode=1, **config_overrides, prefill_spec={}, ...)`."""
+    """`await world(n_prefill=1, n_decode=1, **config_overrides, prefill_spec={}, ...)`; a
+    role's spec may also be a list, one mapping per engine."""
     made: list[World] = []
 
     async def make(
         n_prefill: int = 1,
         n_decode: int = 1,
-        prefill_spec: dict[str, Any] | None = None,
-        decode_spec: dict[str, Any] | None = None,
+        prefill_spec: dict[str, Any] | list[dict[str, Any]] | None = None,
+        decode_spec: dict[str, Any] | list[dict[str, Any]] | None = None,
         **config: Any,
     ) -> World:
         fabric = Fabric()
@@ -62,8 +63,9 @@ async def world() -> AsyncIterator[WorldFactory]:
             ("decode", n_decode, decode_spec),
         ):
             for i in range(n):
+                own = extra[i] if isinstance(extra, list) else extra
                 spec = EngineSpec(
-                    role=role, engine_id=f"{role[0]}{i}", fabric=fabric, **(extra or {})
+                    role=role, engine_id=f"{role[0]}{i}", fabric=fabric, **(own or {})
                 )
                 server = TestServer(FakeEngine(spec).app(), host="127.0.0.1")
                 await server.start_server()

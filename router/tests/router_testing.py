@@ -48,6 +48,8 @@ from fake_tokenizer import (
     reply_for,
 )
 
+from boomerang.connector.config import ENGINE_REVISION_METRIC
+
 __all__ = ["EngineSpec", "Fabric", "FakeEngine", "Held", "free_port", "wait_port"]
 
 
@@ -85,6 +87,8 @@ class EngineSpec:
     """KV block size in tokens: how blocks are cut, and what `/metrics` reports."""
     block_size_metric: bool = True
     """False: `/metrics` has no `vllm:cache_config_info` (an engine that does not say)."""
+    revision: str | None = None
+    """The engine revision `/metrics` publishes, as Boomerang's plugin does (None: none)."""
     lease_s: float = 30.0
     reply_words: int = 4
     reasoning: bool = False
@@ -97,6 +101,9 @@ class EngineSpec:
     """Like vLLM's --api-key: completions and tokenize need this Bearer key."""
     chunk_delay_s: float = 0.0
     """Pause between streamed chunks (to test disconnects mid-stream)."""
+    chunk_per_token: bool = False
+    """Stream one chunk per generated token, as vLLM does (default: one per word, fewer
+    chunks for tests); reasoning tokens are then streamed as content."""
     disconnected: int = 0
     """Streams whose reader went away before the end."""
     calls: list[dict[str, Any]] = field(default_factory=list)
@@ -135,6 +142,11 @@ class FakeEngine:
             lines += [
                 "# TYPE vllm:cache_config_info gauge",
                 f"vllm:cache_config_info{{{labels}}} 1.0",
+            ]
+        if self.spec.revision is not None:
+            lines += [
+                f"# TYPE {ENGINE_REVISION_METRIC} gauge",
+                f'{ENGINE_REVISION_METRIC}{{revision="{self.spec.revision}"}} 1.0',
             ]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
@@ -320,15 +332,12 @@ class FakeEngine:
         if want_ids:
             (first if chat else first["choices"][0])["prompt_token_ids"] = ids
         await resp.write(sse_event(first))
-        pieces = content.split(" ")
-        consumed = len(out_ids) - len(encode(content)) - (1 if finish == "stop" else 0)
-        consumed = max(0, consumed)
-        for i, word in enumerate(pieces):
+        if self.spec.chunk_per_token:
+            pieces = [(decode_ids([t]), [t]) for t in out_ids]
+        else:
+            pieces = _word_pieces(content, out_ids, finish)
+        for i, (text, tok) in enumerate(pieces):
             last = i == len(pieces) - 1
-            text = word if i == 0 else " " + word
-            end = len(out_ids) if last else consumed + len(text)
-            tok = out_ids[0 if i == 0 else consumed : end]
-            consumed = end
             choice = chunk_choice(chat, text, finish if last else None, tok if want_ids else None)
             chunk: dict[str, Any] = {**base, "choices": [choice]}
             if last and self.spec.stream_params:
@@ -341,6 +350,21 @@ class FakeEngine:
             await resp.write(sse_event({**base, "choices": [], "usage": counts}))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
+
+
+def _word_pieces(content: str, out_ids: list[int], finish: str) -> list[tuple[str, list[int]]]:
+    """(text, token ids) of each streamed chunk, one per word of `content`; the first also
+    carries any reasoning ids, the last the END id."""
+    pieces = content.split(" ")
+    consumed = len(out_ids) - len(encode(content)) - (1 if finish == "stop" else 0)
+    consumed = max(0, consumed)
+    out = []
+    for i, word in enumerate(pieces):
+        text = word if i == 0 else " " + word
+        end = len(out_ids) if i == len(pieces) - 1 else consumed + len(text)
+        out.append((text, out_ids[0 if i == 0 else consumed : end]))
+        consumed = end
+    return out
 
 
 def _read(fab: Fabric, params: dict[str, Any], prompt: list[int], who: str) -> None:

@@ -18,14 +18,14 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from router_testing import free_port
 
-from boomerang.router.engine_http import ConnectError, EngineClient, HttpError, Limits
+from boomerang.router.engine_http import ConnectError, HttpClient, HttpError, Limits
 
 LIMITS = Limits(total=5.0, connect=2.0)
 
 
 @pytest.fixture
-async def engines() -> AsyncIterator[EngineClient]:
-    client = EngineClient({"Authorization": "Bearer k"})
+async def engines() -> AsyncIterator[HttpClient]:
+    client = HttpClient({"Authorization": "Bearer k"})
     yield client
     await client.close()
 
@@ -57,7 +57,7 @@ async def _raw_server(
     return server, f"http://127.0.0.1:{port}"
 
 
-async def test_sequential_calls_share_one_kept_alive_connection(engines: EngineClient) -> None:
+async def test_sequential_calls_share_one_kept_alive_connection(engines: HttpClient) -> None:
     peers: list[Any] = []
     server, url = await _echo_app(peers)
     try:
@@ -71,7 +71,7 @@ async def test_sequential_calls_share_one_kept_alive_connection(engines: EngineC
 
 
 async def test_concurrent_calls_each_get_a_connection_and_their_own_answer(
-    engines: EngineClient,
+    engines: HttpClient,
 ) -> None:
     peers: list[Any] = []
     server, url = await _echo_app(peers)
@@ -91,7 +91,7 @@ async def test_concurrent_calls_each_get_a_connection_and_their_own_answer(
 async def test_connections_idle_past_idle_s_are_not_reused() -> None:
     peers: list[Any] = []
     server, url = await _echo_app(peers)
-    engines = EngineClient(idle_s=0.05)
+    engines = HttpClient(idle_s=0.05)
     try:
         await engines.request("GET", url + "/echo", None, LIMITS)
         await asyncio.sleep(0.15)
@@ -102,14 +102,14 @@ async def test_connections_idle_past_idle_s_are_not_reused() -> None:
         await server.close()
 
 
-async def test_nothing_listening_is_a_connect_error(engines: EngineClient) -> None:
+async def test_nothing_listening_is_a_connect_error(engines: HttpClient) -> None:
     port = free_port()
     with pytest.raises(ConnectError):
         await engines.request("GET", f"http://127.0.0.1:{port}/x", None, LIMITS)
 
 
 async def test_a_connection_closed_before_the_answer_is_not_a_connect_error(
-    engines: EngineClient,
+    engines: HttpClient,
 ) -> None:
     async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
@@ -124,7 +124,7 @@ async def test_a_connection_closed_before_the_answer_is_not_a_connect_error(
         server.close()
 
 
-async def test_a_malformed_answer_is_an_http_error(engines: EngineClient) -> None:
+async def test_a_malformed_answer_is_an_http_error(engines: HttpClient) -> None:
     async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
         writer.write(b"SMTP ready\r\n\r\n")
@@ -139,7 +139,7 @@ async def test_a_malformed_answer_is_an_http_error(engines: EngineClient) -> Non
 
 
 async def test_a_server_that_closes_after_answering_gets_a_fresh_connection(
-    engines: EngineClient,
+    engines: HttpClient,
 ) -> None:
     accepted = 0
 
@@ -179,7 +179,7 @@ def _answer_then_await_eof(
     return handler, saw_eof
 
 
-async def test_a_timed_out_call_drops_its_connection(engines: EngineClient) -> None:
+async def test_a_timed_out_call_drops_its_connection(engines: HttpClient) -> None:
     silent, saw_eof = _answer_then_await_eof(b"")
     server, url = await _raw_server(silent)
     try:
@@ -190,7 +190,7 @@ async def test_a_timed_out_call_drops_its_connection(engines: EngineClient) -> N
         server.close()
 
 
-async def test_a_cancelled_stream_drops_its_connection(engines: EngineClient) -> None:
+async def test_a_cancelled_stream_drops_its_connection(engines: HttpClient) -> None:
     head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n"
     endless, saw_eof = _answer_then_await_eof(head)
     server, url = await _raw_server(endless)
@@ -204,7 +204,7 @@ async def test_a_cancelled_stream_drops_its_connection(engines: EngineClient) ->
 
 
 async def test_a_stream_arrives_in_pieces_then_the_connection_is_reused(
-    engines: EngineClient,
+    engines: HttpClient,
 ) -> None:
     async def events(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse()
@@ -230,7 +230,7 @@ async def test_a_stream_arrives_in_pieces_then_the_connection_is_reused(
 
 
 async def test_a_body_larger_than_the_read_buffer_arrives_whole_to_a_slow_reader(
-    engines: EngineClient,
+    engines: HttpClient,
 ) -> None:
     blob = bytes(range(256)) * (12 * 1024)  # 3 MiB, past the 1 MiB high-water mark
 
@@ -252,7 +252,7 @@ async def test_a_body_larger_than_the_read_buffer_arrives_whole_to_a_slow_reader
         await server.close()
 
 
-async def test_a_stream_past_its_total_limit_fails_its_reader(engines: EngineClient) -> None:
+async def test_a_stream_past_its_total_limit_fails_its_reader(engines: HttpClient) -> None:
     async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
@@ -280,7 +280,7 @@ def test_the_client_works_on_uvloop_as_deployed() -> None:
     async def main() -> tuple[int, bytes]:
         peers: list[Any] = []
         server, url = await _echo_app(peers)
-        engines = EngineClient()
+        engines = HttpClient()
         try:
             await engines.request("POST", url + "/echo", b"1", LIMITS)
             return await engines.request("POST", url + "/echo", b"2", LIMITS)
@@ -293,7 +293,7 @@ def test_the_client_works_on_uvloop_as_deployed() -> None:
     assert status == 200 and json.loads(body)["body"] == "2"
 
 
-async def test_a_body_that_stalls_after_the_headers_times_out(engines: EngineClient) -> None:
+async def test_a_body_that_stalls_after_the_headers_times_out(engines: HttpClient) -> None:
     async def stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf")
@@ -310,7 +310,7 @@ async def test_a_body_that_stalls_after_the_headers_times_out(engines: EngineCli
         server.close()
 
 
-async def test_a_stream_without_headers_in_time_times_out(engines: EngineClient) -> None:
+async def test_a_stream_without_headers_in_time_times_out(engines: HttpClient) -> None:
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.read()
 
@@ -323,7 +323,7 @@ async def test_a_stream_without_headers_in_time_times_out(engines: EngineClient)
 
 
 async def test_a_body_delimited_by_the_connection_closing_arrives_whole(
-    engines: EngineClient,
+    engines: HttpClient,
 ) -> None:
     async def old_style(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from fake_tokenizer import render_chat
-from router_testing import chat, free_port, post, stream
+from router_testing import chat, filed, free_port, post, stream
 
+from boomerang.router import conversation as conv
 from boomerang.router.app import ROUTER
+from boomerang.router.auth import ANONYMOUS
 
 
 async def two_turns(w: Any, **extra: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -479,3 +482,30 @@ async def test_a_decoder_that_left_discovery_and_came_back_voids_its_handles(wor
     pool.set_urls([d_url])
     pool.succeeded(pool.endpoints[d_url], probe=True)
     await next_turn_recomputes(w, history, first)
+
+
+async def test_a_turn_cancelled_while_p_may_read_its_handle_never_offers_it_again(
+    world: Any,
+) -> None:
+    w = await world()
+    history = [{"role": "user", "content": "hello"}]
+    _, first = await post(w, chat(history, conversation_id="c"))
+    await filed(w, 1)
+    w.prefill[0].delay_s = 5.0  # P holds the request carrying D's params
+    nxt = [*history, first["choices"][0]["message"], {"role": "user", "content": "q"}]
+    gone = asyncio.create_task(post(w, chat(nxt, conversation_id="c")))
+    for _ in range(200):
+        if len(w.prefill[0].calls) == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert w.prefill[0].calls[-1]["kv_transfer_params"]["remote_block_ids"]  # P has it
+    gone.cancel()  # the client goes away mid-prefill
+    await asyncio.gather(gone, return_exceptions=True)
+    for _ in range(200):
+        if await w.reuse("fallback"):
+            break
+        await asyncio.sleep(0.01)
+    assert await w.reuse("fallback") == 1 and await w.reuse("hit") == 0
+    store = w.client.server.app[ROUTER].store
+    found, _ = await store.take(conv.id_key(ANONYMOUS, "c"), time.time())
+    assert found == "missing"  # spent, not restored

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from router_testing import chat, filed, post
 
 from boomerang.connector.config import ENGINE_REVISION_METRIC
+from boomerang.router.app import ROUTER
 from boomerang.router.endpoints import Endpoint, Pool, compatible, pairable, partners
 from boomerang.router.health import revision_from_metrics
 
@@ -60,3 +65,95 @@ def test_an_ejected_engine_is_identified_again_when_it_comes_back() -> None:
     pool.endpoints = {"d0": d}
     assert pool.failed(d)
     assert not d.identified  # it may come back as another build
+
+
+# Through the router and the fake engines: each engine publishes its revision on /metrics.
+
+
+async def identified(w: Any) -> None:
+    """Wait until the router has read every engine's revision (its first probes)."""
+    pools = (w.client.server.app[ROUTER].prefill, w.client.server.app[ROUTER].decode)
+    for _ in range(300):
+        if all(ep.identified for pool in pools for ep in pool.endpoints.values()):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the router never read the engines' revisions")
+
+
+def revisions(*names: str | None) -> list[dict[str, Any]]:
+    return [{"revision": name} for name in names]
+
+
+async def conversation(w: Any, turns: int) -> None:
+    history = [{"role": "user", "content": "tell me about the tides " * 8}]
+    for i in range(turns):
+        status, body = await post(w, chat(history, conversation_id="c"))
+        assert status == 200, body
+        await filed(w, i + 1)
+        history += [body["choices"][0]["message"], {"role": "user", "content": f"and {i}?"}]
+
+
+async def test_turns_use_only_the_prefill_that_has_a_decoder_of_its_revision(world: Any) -> None:
+    w = await world(
+        n_prefill=2, prefill_spec=revisions("old", "new"), decode_spec={"revision": "old"}
+    )
+    await identified(w)
+    await conversation(w, 4)
+    assert w.prefill[1].calls == []  # the rolled P has no partner while D is held
+    assert len(w.prefill[0].calls) >= 4 and await w.reuse("hit") == 3
+    assert w.fabric.violations == []
+
+
+async def test_the_decoder_is_one_of_the_prefills_revision(world: Any) -> None:
+    w = await world(
+        n_decode=2, prefill_spec={"revision": "new"}, decode_spec=revisions("old", "new")
+    )
+    await identified(w)
+    await conversation(w, 3)
+    assert w.decode[0].calls == [] and len(w.decode[1].calls) == 3
+    assert await w.reuse("hit") == 2
+
+
+async def test_a_conversation_stays_within_its_decoders_revision(world: Any) -> None:
+    """Both revisions have a pair: every KV hand-over, either way, is within one revision."""
+    w = await world(
+        n_prefill=2,
+        n_decode=2,
+        prefill_spec=revisions("old", "new"),
+        decode_spec=revisions("old", "new"),
+    )
+    await identified(w)
+    await conversation(w, 5)
+    revision = {spec.engine_id: spec.revision for spec in [*w.prefill, *w.decode]}
+    moves = [  # (reader, the engine whose blocks it read)
+        (spec.engine_id, call["kv_transfer_params"]["remote_engine_id"])
+        for spec in [*w.prefill, *w.decode]
+        for call in spec.calls
+        if (call.get("kv_transfer_params") or {}).get("remote_block_ids")
+    ]
+    assert len(moves) == 5 + 4  # D read P's blocks each turn; P read D's on turns 2-5
+    assert all(revision[reader] == revision[source] for reader, source in moves), moves
+    assert await w.reuse("hit") == 4
+    assert w.fabric.violations == []
+
+
+async def test_no_pair_of_one_revision_serves_the_turn_on_prefill_alone(world: Any) -> None:
+    w = await world(prefill_spec={"revision": "new"}, decode_spec={"revision": "old"})
+    await identified(w)
+    status, body = await post(w, chat([{"role": "user", "content": "hello"}]))
+    assert status == 200, body
+    assert w.decode[0].calls == []
+    assert await w.metric("boomerang_router_degraded_turns_total", missing="decode") == 1
+
+
+async def test_no_pair_and_no_fallback_is_a_clear_503(world: Any) -> None:
+    w = await world(
+        prefill_spec={"revision": "new"},
+        decode_spec={"revision": "old"},
+        single_engine_fallback=False,
+    )
+    await identified(w)
+    status, body = await post(w, chat([{"role": "user", "content": "hello"}]))
+    assert status == 503
+    assert "one engine revision" in body["error"]["message"]
+    assert w.prefill[0].calls == [] and w.decode[0].calls == []

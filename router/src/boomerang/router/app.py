@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -26,13 +27,12 @@ from boomerang.router.config import EndpointSource, RouterConfig
 from boomerang.router.decode import ClientGone
 from boomerang.router.discovery import SliceWatcher, api_access
 from boomerang.router.endpoints import LeastWorkAffinity, Pool, Strategy
-from boomerang.router.engine_http import EngineClient
 from boomerang.router.errors import ApiError
 from boomerang.router.flow import Router
 from boomerang.router.health import probe_all, run_prober
 from boomerang.router.metrics import Metrics
 from boomerang.router.store import ConversationStore, MemoryStore
-from boomerang.router.upstream import UpstreamError, get_json, timeout
+from boomerang.router.upstream import EngineClient, UpstreamError, get_json, timeout
 from boomerang.router.validation import Kind, check_model, parse_json, validate
 
 log = logging.getLogger("boomerang.router")
@@ -101,7 +101,9 @@ def _lifecycle(strategy: Strategy | None, store: ConversationStore | None) -> An
         headers = {}
         if config.engine_api_key:
             headers["Authorization"] = f"Bearer {config.engine_api_key}"
-        engines = EngineClient(headers)
+        # The HTTP client behind `upstream.py`: a switch to measure aiohttp's (README).
+        client = os.environ.get("BOOMERANG_ROUTER_ENGINE_CLIENT", "builtin")
+        engines = EngineClient(headers, client=client)
         session = aiohttp.ClientSession()  # the Kubernetes API (EndpointSlice watches)
         the_store = store or _make_store(config)
         app[ROUTER] = Router(

@@ -5,13 +5,14 @@ Whatever the mode, the router collects from D's answer what the next turn needs 
 params, D's prompt and output token ids, the assistant reply as the client will echo it) and
 removes from what the client sees the engine-internal params and the token ids it added itself.
 A failure before the client received a byte is raised as UpstreamError, so the flow can retry
-on another D; after that, a stream is ended with an in-band error event.
+on another D; after that, a stream is ended with an in-band error event. Kept apart from the
+flow because it is the only code that writes an answer to the client.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,8 +21,14 @@ from aiohttp import web
 
 from boomerang.router import protocol, sse
 from boomerang.router.config import Timeouts
-from boomerang.router.engine_http import EngineClient, HttpError, StreamedResponse
-from boomerang.router.upstream import UpstreamError, open_stream, post_json, timeout
+from boomerang.router.upstream import (
+    EngineClient,
+    EngineStream,
+    UpstreamError,
+    open_stream,
+    post_json,
+    timeout,
+)
 from boomerang.router.validation import ClientRequest
 
 SSE_HEADERS = {
@@ -143,7 +150,14 @@ async def _send(request: web.Request, response: web.StreamResponse) -> None:
 
 
 class StreamRelay:
-    """Passes D's stream through to the client, collecting what the next turn needs."""
+    """Passes D's stream through to the client, collecting what the next turn needs.
+
+    Every event is decoded (the ids and the reply are in each), but one that has nothing to
+    strip is passed on as D's own bytes, and what one read from D completes goes to the client
+    in one write, the end of the stream with it: each write is a system call and a pass
+    through aiohttp's writer, so a read that brought several events (D got ahead of a busy
+    router) costs one, and nothing is held back waiting for more.
+    """
 
     def __init__(self, keep_ids: bool, on_first: Callable[[], None]) -> None:
         self.keep_ids = keep_ids
@@ -151,49 +165,92 @@ class StreamRelay:
         self.result = DecodeResult()
         self._parts: list[str] = []
         self._calls: dict[int, dict[str, Any]] = {}
+        self._events = sse.EventSplitter()
+        self._out: list[bytes] = []
+        """What the client gets next, not yet written."""
 
     async def run(
-        self, request: web.Request, resp: StreamedResponse, first_byte_s: float
+        self, request: web.Request, resp: EngineStream, first_byte_s: float
     ) -> DecodeResult:
         """Relay until [DONE]; raises UpstreamError if D fails before the first event."""
-        events = sse.read_events(sse.split_lines(resp.iter_any()))
+        pieces = resp.iter_any()
         try:
-            first = await asyncio.wait_for(anext(events), first_byte_s)
-        except StopAsyncIteration:
-            raise UpstreamError("protocol", "empty stream") from None
+            async with asyncio.timeout(first_byte_s):
+                events = await self._first_events(pieces)
+            first = sse.decode(events[0]) if events else None
         except TimeoutError:
             raise UpstreamError("timeout", "no first event in time") from None
-        except (HttpError, ValueError) as exc:
+        except ValueError as exc:
             raise UpstreamError("protocol", f"stream failed: {exc!r}") from None
+        if not events:
+            raise UpstreamError("protocol", "empty stream")
         out = web.StreamResponse(headers=SSE_HEADERS)
         self.result.response = out
         try:
             await out.prepare(request)
             self.on_first()
-            await self._relay(out, first, events)
+            await self._relay(out, events, first, pieces)
         except ConnectionResetError:
             raise ClientGone() from None
         self._finish_reply()
         return self.result
 
-    async def _relay(self, out: web.StreamResponse, first: Any, events: Any) -> None:
-        item: Any = first
+    async def _first_events(self, pieces: AsyncIterator[bytes]) -> list[bytes]:
+        """The events that the first read completing one completes (none: an empty stream)."""
+        async for piece in pieces:
+            if events := self._events.feed(piece):
+                return events
+        return self._events.close()
+
+    async def _relay(
+        self, out: web.StreamResponse, events: list[bytes], first: Any, pieces: AsyncIterator[bytes]
+    ) -> None:
         try:
-            while item is not sse.DONE:
-                chunk = self._process(item)
-                if chunk is not None:
-                    await out.write(sse.event(chunk))
-                item = await anext(events, sse.DONE)
-        except (HttpError, TimeoutError, ValueError) as exc:
-            await out.write(sse.error_event(f"decode engine failed mid-stream: {exc!r}", 502))
-            await out.write_eof()
+            done = self._emit(events[0], first) or self._emit_all(events[1:])
+            if not done:
+                await out.write(self._take())
+                async for piece in pieces:  # one write per read: what it completed
+                    if self._emit_all(self._events.feed(piece)):
+                        break
+                    if self._out:
+                        await out.write(self._take())
+                else:
+                    self._emit_all(self._events.close())  # ended without [DONE]
+        except (UpstreamError, ValueError) as exc:
+            self._out.append(sse.error_event(f"decode engine failed mid-stream: {exc!r}", 502))
+            await out.write_eof(self._take())
             self.result.finished = False
             return
-        await out.write(sse.DONE_EVENT)
-        await out.write_eof()
+        self._out.append(sse.DONE_EVENT)
+        await out.write_eof(self._take())
 
-    def _process(self, chunk: Any) -> dict[str, Any] | None:
-        """Collect from one chunk; return what the client sees (None: nothing for it)."""
+    def _take(self) -> bytes:
+        """What is queued for the client, dequeued."""
+        data = b"".join(self._out)
+        self._out.clear()
+        return data
+
+    def _emit_all(self, events: list[bytes]) -> bool:
+        """`_emit` each event in order, up to [DONE]; whether it came."""
+        return any(self._emit(data, sse.decode(data)) for data in events)
+
+    def _emit(self, data: bytes, chunk: Any) -> bool:
+        """Collect from one event (`data`, decoded as `chunk`) and queue what the client sees
+        of it; whether it was [DONE]."""
+        if chunk is sse.DONE:
+            return True
+        edited = self._process(chunk)
+        if edited is None:
+            return False
+        if edited or b"\n" in data or b"\r" in data:  # edited, or more than one line for SSE
+            self._out.append(sse.event(chunk))
+        else:
+            self._out += (b"data: ", data, b"\n\n")
+        return False
+
+    def _process(self, chunk: Any) -> bool | None:
+        """Collect from one chunk and strip what the client may not see; whether anything
+        was stripped (None: nothing of it is for the client)."""
         if not isinstance(chunk, dict):
             return None
         params = protocol.kv_params_of(chunk)
@@ -205,10 +262,10 @@ class StreamRelay:
         for choice in choices:
             if isinstance(choice, dict) and choice.get("index", 0) == 0:
                 self._collect_choice(choice)
-        cleaned: dict[str, Any] = protocol.client_payload(chunk, keep_token_ids=self.keep_ids)
-        if params is not None and not choices and cleaned.get("usage") is None:
+        edited = protocol.strip_for_client(chunk, keep_token_ids=self.keep_ids)
+        if params is not None and not choices and chunk.get("usage") is None:
             return None
-        return cleaned
+        return edited
 
     def _collect_choice(self, choice: dict[str, Any]) -> None:
         ids = choice.get("token_ids")

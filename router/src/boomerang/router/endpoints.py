@@ -166,6 +166,18 @@ def partners(p: Endpoint, decode: Sequence[Endpoint]) -> list[Endpoint]:
     return [d for d in decode if compatible(p, d)]
 
 
+def prefill_choices(
+    candidates: Sequence[Endpoint], decoders: Sequence[Endpoint], holder: Endpoint | None
+) -> list[Endpoint]:
+    """The prefill engines a P/D turn may use: those with a decode partner, and of those the
+    ones that may pull the history from the conversation's holder, when there are such; all
+    candidates when none has a partner (the decode pick then finds none and says so)."""
+    paired = pairable(candidates, decoders) or list(candidates)
+    if holder is None:
+        return paired
+    return [p for p in paired if compatible(p, holder)] or paired
+
+
 class Strategy(Protocol):
     """Chooses engines; must be cheap and must not do I/O."""
 

@@ -162,7 +162,11 @@ class _Connection(asyncio.Protocol):
                 raise self._error
             self._wakeup = asyncio.get_running_loop().create_future()
             await self._wakeup
-        chunk = self._chunks.popleft()
+        if len(self._chunks) == 1:
+            chunk = self._chunks.popleft()
+        else:  # what arrived together is read together (a stream's events: one relay write)
+            chunk = b"".join(self._chunks)
+            self._chunks.clear()
         self._buffered -= len(chunk)
         if self._buffered <= _READ_HIGH_WATER // 4 and self.transport is not None:
             self.transport.resume_reading()
@@ -205,7 +209,7 @@ class StreamedResponse:
 
     def __init__(
         self,
-        client: EngineClient,
+        client: HttpClient,
         origin: _Origin,
         conn: _Connection,
         timer: asyncio.TimerHandle | None,
@@ -246,7 +250,7 @@ class StreamedResponse:
             self._client._release(self._origin, self._conn)
 
 
-class EngineClient:
+class HttpClient:
     """Keep-alive connections to engines, per origin; one exchange per connection at a time."""
 
     def __init__(self, headers: dict[str, str] | None = None, *, idle_s: float = 4.0) -> None:

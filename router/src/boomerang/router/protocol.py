@@ -130,15 +130,33 @@ def known_prompt_ids(req: ClientRequest) -> list[int] | None:
 
 def client_payload(payload: dict[str, Any], *, keep_token_ids: bool) -> dict[str, Any]:
     """A response body or stream chunk as the client may see it (mutates and returns it)."""
-    for key in INTERNAL_FIELDS:
-        payload.pop(key, None)
-    if not keep_token_ids:
-        payload.pop("prompt_token_ids", None)
-        for choice in payload.get("choices") or ():
-            if isinstance(choice, dict):
-                choice.pop("token_ids", None)
-                choice.pop("prompt_token_ids", None)
+    strip_for_client(payload, keep_token_ids=keep_token_ids)
     return payload
+
+
+_ADDED_IDS = ("token_ids", "prompt_token_ids")
+
+
+def strip_for_client(payload: dict[str, Any], *, keep_token_ids: bool) -> bool:
+    """Remove what the client may not see (see `client_payload`); whether anything was there,
+    so that a stream chunk without any can be passed on as the engine's bytes."""
+    found = False
+    for key in INTERNAL_FIELDS:
+        if key in payload:
+            del payload[key]
+            found = True
+    if keep_token_ids:
+        return found
+    if "prompt_token_ids" in payload:
+        del payload["prompt_token_ids"]
+        found = True
+    for choice in payload.get("choices") or ():
+        if isinstance(choice, dict):
+            for key in _ADDED_IDS:
+                if key in choice:
+                    del choice[key]
+                    found = True
+    return found
 
 
 def prompt_ids_of(payload: dict[str, Any]) -> list[int] | None:

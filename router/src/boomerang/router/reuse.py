@@ -1,4 +1,4 @@
-"""What of D's retained blocks a new prompt may reuse: hit, partial or rejected (pure).
+"""A turn's reuse outcome, and what of D's retained blocks a new prompt may reuse (pure).
 
 Kept apart from the flow because it is the rule correctness rests on, and it is table-tested
 alone. KV for the first L tokens depends only on those L tokens, so every block of D lying
@@ -14,17 +14,36 @@ that many tokens and computes the rest.
   length (P must compute at least one token to sample from): D's params narrowed to k blocks.
   Only with one KV-cache group and a known block size.
 - rejected: nothing usable; P computes everything.
+
+`Outcome` is the one type of a turn's reuse outcome (the metric labels and the log field); which
+one a turn ends with follows from its handle's state machine (`turn.py`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Any, Final
 
 from boomerang.router.conversation import Handle, matching_blocks
 
-Outcome = Literal["hit", "partial", "rejected"]
+
+class Outcome(StrEnum):
+    """A turn's reuse outcome: the values of `boomerang_router_reuse_total{outcome}`, of
+    `ttft_seconds{reuse}` and of the `reuse` field of the `Served turn` log line (`metrics.py`
+    says what each one means)."""
+
+    HIT = "hit"
+    PARTIAL = "partial"
+    MISS = "miss"
+    EXPIRED = "expired"
+    REJECTED = "rejected"
+    FALLBACK = "fallback"
+
+
+ATTACHED: Final = frozenset({Outcome.HIT, Outcome.PARTIAL})
+"""The outcomes of a turn whose handle P was offered (whole, or narrowed to k blocks)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +57,7 @@ class Reuse:
     """D's params to send to P: the handle's (hit), narrowed (partial), None (rejected)."""
 
 
-REJECTED = Reuse("rejected")
+REJECTED = Reuse(Outcome.REJECTED)
 
 
 def decide(
@@ -48,7 +67,7 @@ def decide(
     `partial` False: full hits only."""
     try:
         if handle.matches(prompt_ids):
-            return Reuse("hit", handle.num_tokens, handle.kv_params())
+            return Reuse(Outcome.HIT, handle.num_tokens, handle.kv_params())
         size = handle.block_size
         if not partial or size <= 0 or not prompt_ids:
             return REJECTED
@@ -60,7 +79,7 @@ def decide(
         params = narrowed(handle.kv_params(), k, size)
     except ValueError:
         return REJECTED  # D's params are unreadable (a corrupt or foreign stored handle)
-    return REJECTED if params is None else Reuse("partial", tokens, params)
+    return REJECTED if params is None else Reuse(Outcome.PARTIAL, tokens, params)
 
 
 def narrowed(params: dict[str, Any], k: int, block_size: int) -> dict[str, Any] | None:

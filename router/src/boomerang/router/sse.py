@@ -1,11 +1,14 @@
 """Server-sent events: reading the engine's stream and writing the client's.
 
 Two directions. Reading: vLLM sends `data: <json>` events separated by blank lines and ends
-with `data: [DONE]`. Writing: either the engine's events passed through (after the router
-removed its internal fields), or, when D had to be called without streaming to keep its
-retained-KV params (vLLM < 0.33 streams none), a complete response re-emitted as chunks in
-OpenAI's streaming format: one chunk per choice carrying the whole delta and the finish
-reason, then the usage chunk if the client asked for it, then `[DONE]`.
+with `data: [DONE]`; `EventSplitter` cuts the bytes as they arrive into each event's data,
+still as bytes, so that the relay can pass an event the client may see unchanged through
+without encoding it again (a streamed turn is one event per token). Writing: either the
+engine's events passed through (after the router removed its internal fields), or, when D
+had to be called without streaming to keep its retained-KV params (vLLM < 0.33 streams
+none), a complete response re-emitted as chunks in OpenAI's streaming format: one chunk per
+choice carrying the whole delta and the finish reason, then the usage chunk if the client
+asked for it, then `[DONE]`.
 """
 
 from __future__ import annotations
@@ -19,6 +22,69 @@ DONE = object()
 """Marker yielded for `data: [DONE]`."""
 
 
+class EventSplitter:
+    """Cuts a byte stream into its events' data as it arrives (an event may span reads and a
+    read may end many): each event's `data:` lines joined by newlines, as the SSE spec joins
+    them; lines end with LF or CRLF. Events without data (comments, keep-alives) yield none."""
+
+    __slots__ = ("_cr", "_pending")
+
+    def __init__(self) -> None:
+        self._pending: list[bytes] = []
+        """Bytes after the last blank line, CRLFs already made LFs."""
+        self._cr = False
+        """The last read ended with CR (the first half of a CRLF, maybe)."""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The data of every event that `data` completes, in order."""
+        if (  # the common read: one whole one-line event (vLLM streams a token per event)
+            data.startswith(b"data:")
+            and data.find(b"\n") == len(data) - 2
+            and data.endswith(b"\n\n")
+            and not self._pending
+            and not self._cr
+            and b"\r" not in data
+        ):
+            return [data[5:-2].lstrip(b" ")]
+        if self._cr:
+            data = b"\r" + data
+        self._cr = data.endswith(b"\r")
+        if self._cr:
+            data = data[:-1]
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n")
+        pending = self._pending
+        if b"\n\n" not in data and not (
+            pending and data[:1] == b"\n" and pending[-1].endswith(b"\n")
+        ):
+            if data:
+                pending.append(data)
+            return []
+        if pending:  # joined only when an event ends: linear in the bytes, whatever the reads
+            pending.append(data)
+            data = b"".join(pending)
+            pending.clear()
+        *blocks, rest = data.split(b"\n\n")
+        if rest:
+            pending.append(rest)
+        return [d for block in blocks if (d := _data_of(block)) is not None]
+
+    def close(self) -> list[bytes]:
+        """The data of an event the stream ended without closing (no blank line after it)."""
+        rest = b"".join(self._pending) + (b"\r" if self._cr else b"")
+        self._pending.clear()
+        self._cr = False
+        return [d for block in rest.split(b"\n\n") if (d := _data_of(block)) is not None]
+
+
+def _data_of(block: bytes) -> bytes | None:
+    """The data of one event's lines (None: it has no `data:` line)."""
+    if block.startswith(b"data:") and b"\n" not in block:  # vLLM's: one line
+        return block[5:].lstrip(b" ")
+    lines = [line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:")]
+    return b"\n".join(lines) if lines else None
+
+
 async def read_events(lines: AsyncIterator[bytes]) -> AsyncIterator[Any]:
     """Yield each event's decoded JSON (or DONE); non-JSON data raises ValueError."""
     data: list[bytes] = []
@@ -26,13 +92,13 @@ async def read_events(lines: AsyncIterator[bytes]) -> AsyncIterator[Any]:
         line = raw.rstrip(b"\r\n")
         if not line:
             if data:
-                yield _decode(b"\n".join(data))
+                yield decode(b"\n".join(data))
                 data = []
             continue
         if line.startswith(b"data:"):
             data.append(line[5:].lstrip(b" "))
     if data:
-        yield _decode(b"\n".join(data))
+        yield decode(b"\n".join(data))
 
 
 async def split_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
@@ -50,7 +116,8 @@ async def split_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         yield pending
 
 
-def _decode(payload: bytes) -> Any:
+def decode(payload: bytes) -> Any:
+    """An event's data as JSON, or DONE; raises ValueError if it is neither."""
     if payload.strip() == b"[DONE]":
         return DONE
     return orjson.loads(payload)

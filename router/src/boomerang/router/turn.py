@@ -1,8 +1,26 @@
-"""The state of one client request while it crosses P and D, and what may change it.
+"""One client request crossing P and D, and the life of its conversation's handle in it.
 
-Kept apart from the flow so the rules about a turn's handle (taken, attached, spent) read in
-one place: a handle P may have seen is spent and never offered again. A partial reuse attaches
-the handle like a hit does (narrowed params): every rule about an attached handle is the same.
+Why it exists: reuse is exact only if a handle P may have seen is never offered again, and one
+P never saw goes back to the store. Those rules are a small state machine, kept here apart
+from the I/O (`flow.py` takes, tokenizes, calls and restores) so that each transition is
+explicit, checked, and tested alone (`test_turn.py`):
+
+| transition | from            | to                                                            |
+|------------|-----------------|---------------------------------------------------------------|
+| take       | NONE            | TAKEN, when the store gave a handle its decoder still holds   |
+| verify     | TAKEN           | VERIFIED (hit, partial), DROPPED (rejected), TAKEN (no ids)   |
+| attach     | VERIFIED        | ATTACHED: D's params are on a prefill request                 |
+| unsent     | ATTACHED        | VERIFIED: that request certainly never reached P              |
+| spend      | ATTACHED        | SPENT: P answered (the outcome stands) or failed (fallback)   |
+| detach     | VERIFIED        | TAKEN: the turn goes to one engine alone (`degraded.py`)      |
+| restore    | TAKEN, VERIFIED | RESTORED: back to the store, unused (fallback)                |
+| restore    | ATTACHED        | SPENT: the turn was cancelled mid-prefill; P may be reading it |
+
+The outcome follows: miss, expired, or fallback (a void handle) when nothing is taken; fallback
+while taken; the decision once verified; fallback again whenever the turn is computed without
+it. A handle P may have seen (its read, or its decision not to read, frees D's blocks) is
+never offered again; a rejected one is dropped (D's blocks hold nothing this prompt can use).
+A partial reuse attaches the handle like a hit (narrowed params): every rule is the same.
 """
 
 from __future__ import annotations
@@ -10,15 +28,47 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Final
 
 from boomerang.router import conversation as conv
 from boomerang.router import logs
-from boomerang.router.endpoints import Role
+from boomerang.router.endpoints import Endpoint, Role
+from boomerang.router.reuse import ATTACHED, Outcome, Reuse
+from boomerang.router.store import TakeStatus
 from boomerang.router.validation import ClientRequest
 
-ATTACHED: Final = ("hit", "partial")
-"""Outcomes of a turn whose handle is attached (until P accepts it or it is spent)."""
+
+class Stage(Enum):
+    """Where the turn's handle is (see the module docstring)."""
+
+    NONE = "none"
+    TAKEN = "taken"
+    VERIFIED = "verified"
+    ATTACHED = "attached"
+    SPENT = "spent"
+    DROPPED = "dropped"
+    RESTORED = "restored"
+
+
+MOVES: Final = frozenset(
+    {
+        (Stage.NONE, Stage.TAKEN),  # take
+        (Stage.TAKEN, Stage.VERIFIED),  # verify: hit or partial
+        (Stage.TAKEN, Stage.DROPPED),  # verify: rejected
+        (Stage.VERIFIED, Stage.ATTACHED),  # attach
+        (Stage.ATTACHED, Stage.VERIFIED),  # unsent
+        (Stage.ATTACHED, Stage.SPENT),  # spend, or restore mid-prefill
+        (Stage.VERIFIED, Stage.TAKEN),  # detach
+        (Stage.TAKEN, Stage.RESTORED),  # restore
+        (Stage.VERIFIED, Stage.RESTORED),  # restore
+    }
+)
+"""Every transition the handle may make; any other is a bug (`IllegalMove`)."""
+
+
+class IllegalMove(RuntimeError):
+    """A transition the handle's state machine does not allow."""
 
 
 def _engine_id_prefix() -> str:
@@ -36,22 +86,110 @@ class Turn:
     started: float = field(default_factory=time.perf_counter)
     engine_id_prefix: str = field(default_factory=_engine_id_prefix)
     engine_calls: int = 0
+    stage: Stage = Stage.NONE
+    outcome: Outcome = Outcome.MISS
     lookup_key: bytes | None = None
-    taken: conv.Handle | None = None
-    attached: conv.Handle | None = None
-    attached_params: dict[str, Any] | None = None
-    """D's params as P gets them: the handle's own (hit) or narrowed to k blocks (partial)."""
-    reused_tokens: int = 0
-    """Tokens of the prompt P may pull from D when the outcome is hit or partial."""
+    handle: conv.Handle | None = None
+    """The handle taken from the store (until it is spent, dropped or restored)."""
+    reuse: Reuse | None = None
+    """The verified decision: D's params as P gets them and the tokens P may pull."""
     holder: str | None = None
-    p_ep: Any = None
+    """The decode engine that holds the conversation (decode prefers it)."""
+    p_ep: Endpoint | None = None
     """The prefill engine chosen for the turn (tokenize and prefill go to the same one)."""
-    outcome: str = "miss"
     prompt_ids: list[int] | None = None
     first_sent: bool = False
     decode_url: str | None = None
     alone: Role | None = None
     """The role of the one engine that served the turn alone (the other had none), else None."""
+
+    # -- the handle's state machine ---------------------------------------------------------
+
+    def _move(self, to: Stage) -> None:
+        if (self.stage, to) not in MOVES:
+            raise IllegalMove(f"a handle cannot go from {self.stage.name} to {to.name}")
+        self.stage = to
+
+    def take(self, status: TakeStatus, handle: conv.Handle | None, usable: bool) -> None:
+        """What the store gave: nothing (miss), an expired handle, a void one (`usable` false:
+        its decoder may have lost the blocks: fallback), or a handle to verify."""
+        if handle is None:
+            self.outcome = Outcome.EXPIRED if status == "expired" else Outcome.MISS
+            return
+        self.holder = handle.decode_url
+        if not usable:
+            self.outcome = Outcome.FALLBACK
+            return
+        self._move(Stage.TAKEN)
+        self.handle, self.outcome = handle, Outcome.FALLBACK  # until verified
+
+    def verify(self, reuse: Reuse | None) -> None:
+        """Record the reuse decision for the prompt (None: its ids are unknown, the handle is
+        kept for the store and the turn computes without it)."""
+        if reuse is None:
+            if self.stage is not Stage.TAKEN:
+                raise IllegalMove(f"nothing to verify in {self.stage.name}")
+            return
+        if reuse.params is None:
+            self._move(Stage.DROPPED)
+            self.handle, self.outcome = None, Outcome.REJECTED
+            return
+        self._move(Stage.VERIFIED)
+        self.reuse, self.outcome = reuse, reuse.outcome
+
+    def attach(self) -> dict[str, Any] | None:
+        """D's params for the next prefill request; None when there are none to offer."""
+        if self.stage is not Stage.VERIFIED:
+            if self.stage is Stage.ATTACHED:
+                raise IllegalMove("the handle is already on a prefill request")
+            return None
+        self._move(Stage.ATTACHED)
+        assert self.reuse is not None
+        return self.reuse.params
+
+    def unsent(self) -> None:
+        """The prefill request carrying the handle never reached P: the next one may carry it."""
+        self._move(Stage.VERIFIED)
+
+    def spend(self, *, accepted: bool) -> None:
+        """P had the handle: it answered with it (`accepted`: the outcome stands) or failed
+        (fallback). Either way it is never offered again."""
+        self._move(Stage.SPENT)
+        self.handle = None
+        if not accepted:
+            self._computed_without()
+
+    def detach(self) -> None:
+        """The turn is served by one engine alone: no handle is attached (a taken one is
+        restored at the end), and a spent one did not serve the answer."""
+        if self.stage is Stage.VERIFIED:
+            self._move(Stage.TAKEN)
+        if self.stage in (Stage.TAKEN, Stage.SPENT):
+            self._computed_without()
+
+    def restore(self) -> conv.Handle | None:
+        """End the claim: the handle to put back in the store (one no P received), if any."""
+        if self.stage is Stage.ATTACHED:
+            self.spend(accepted=False)
+        if self.stage not in (Stage.TAKEN, Stage.VERIFIED):
+            return None
+        handle = self.handle
+        self._move(Stage.RESTORED)
+        self.handle = None
+        self._computed_without()
+        return handle
+
+    def _computed_without(self) -> None:
+        self.reuse = None
+        if self.outcome in ATTACHED:
+            self.outcome = Outcome.FALLBACK
+
+    @property
+    def reused_tokens(self) -> int:
+        """Tokens of the prompt P may pull (or pulled) from D; 0 unless hit or partial."""
+        return self.reuse.tokens if self.reuse is not None and self.outcome in ATTACHED else 0
+
+    # -- bookkeeping ------------------------------------------------------------------------
 
     def engine_request_id(self, stage: str) -> str:
         """A fresh id for each engine call (`<prefix>-p1`, `<prefix>-d2`, ...): the engines'
@@ -86,20 +224,12 @@ class Turn:
         return {
             "kind": self.req.kind,
             "stream": self.req.stream,
-            "reuse": self.outcome,
-            "reused_tokens": self.reused_tokens if self.outcome in ATTACHED else 0,
-            "prefill": getattr(self.p_ep, "url", None),
+            "reuse": str(self.outcome),
+            "reused_tokens": self.reused_tokens,
+            "prefill": self.p_ep.url if self.p_ep is not None else None,
             "decode": self.decode_url,
             "holder": self.holder,
             "alone": self.alone,
             "prompt_tokens": len(self.prompt_ids) if self.prompt_ids is not None else None,
             "seconds": round(time.perf_counter() - self.started, 4),
         }
-
-    def spend_handle(self) -> None:
-        """P saw the attached handle: it must never be offered again."""
-        if self.attached is not None:
-            self.attached = self.attached_params = None
-            self.taken = None
-            self.reused_tokens = 0
-            self.outcome = "fallback"

@@ -1,30 +1,39 @@
-"""Calls to engines with bounded time and failures classified for the retry policy.
+"""Every call the router makes to an engine, and the one place where its failures are classified.
 
-The one distinction the flow needs besides "retryable or not" is whether the engine may have
-received the request: a refused connection certainly did not (so a handle sent with it is still
-unused and a prefill's params are still unread), anything later might have.
+Why it exists: the flow, the decode relay, the health prober and `/v1/models` all call engines,
+and the retry policy (`failover.py`) needs each failure in the same terms: whether another
+engine may answer (`retryable`), and whether this one may have received the request
+(`delivered`): a refused connection certainly did not (so a handle sent with it is still unused
+and a prefill's params are still unread), anything later might have. Only this module turns the
+HTTP client's exceptions (`engine_http`'s ConnectError, HttpError, TimeoutError) into
+`UpstreamError`: every call, and every read of a streamed body, raises that and nothing else.
+The client behind it is `engine_http.HttpClient`, or aiohttp's to compare (README, Engine calls).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import orjson
 
-from boomerang.router.endpoints import Role
-from boomerang.router.engine_http import (
-    ConnectError,
-    EngineClient,
-    HttpError,
-    Limits,
-    StreamedResponse,
-)
-from boomerang.router.errors import ApiError
+from boomerang.router.engine_http import ConnectError, HttpClient, HttpError, Limits
 
 FailureKind = Literal["connect", "timeout", "status", "protocol", "client"]
+
+__all__ = [
+    "EngineClient",
+    "EngineStream",
+    "Limits",
+    "UpstreamError",
+    "get_bytes",
+    "get_json",
+    "open_stream",
+    "post_json",
+    "timeout",
+]
 
 
 class UpstreamError(Exception):
@@ -61,7 +70,7 @@ def timeout(total: float | None, connect: float) -> Limits:
 
 @contextmanager
 def _transport_errors(timeout_message: str = "timed out") -> Iterator[None]:
-    """Turn the client's transport failures into UpstreamErrors (retryable kinds)."""
+    """The client's transport failures as UpstreamErrors (all retryable)."""
     try:
         yield
     except ConnectError as exc:
@@ -72,6 +81,124 @@ def _transport_errors(timeout_message: str = "timed out") -> Iterator[None]:
         raise UpstreamError("protocol", f"connection failed: {exc}") from None
 
 
+class RawStream(Protocol):
+    """A streamed answer as an HTTP client hands it over (its own exceptions)."""
+
+    status: int
+
+    def iter_any(self) -> AsyncIterator[bytes]: ...
+    async def read(self) -> bytes: ...
+    def close(self) -> None: ...
+    def release(self) -> None: ...
+
+
+class HttpTransport(Protocol):
+    """What an HTTP client gives the facade: `engine_http.HttpClient`, or aiohttp's behind
+    `engine_aiohttp.AiohttpClient` (to measure one against the other)."""
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        limits: Limits,
+        *,
+        request_id: str | None = None,
+    ) -> tuple[int, bytes]: ...
+    async def stream(
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        limits: Limits,
+        headers_s: float,
+        *,
+        request_id: str | None = None,
+    ) -> RawStream: ...
+    async def close(self) -> None: ...
+
+
+class EngineStream:
+    """An engine's answer whose body is read as it arrives; `release()` must follow.
+
+    Reading raises UpstreamError (a timeout past the call's total limit, or a broken
+    connection); `close()` aborts the call (vLLM stops a request whose client went away)."""
+
+    def __init__(self, raw: RawStream) -> None:
+        self._raw = raw
+        self.status = raw.status
+
+    async def iter_any(self) -> AsyncIterator[bytes]:
+        """Body bytes in the pieces they arrived in."""
+        with _transport_errors("the engine's answer took longer than its limit"):
+            async for chunk in self._raw.iter_any():
+                yield chunk
+
+    async def read(self) -> bytes:
+        """The rest of the body."""
+        with _transport_errors():
+            return await self._raw.read()
+
+    def close(self) -> None:
+        """Abort the call: drop its connection."""
+        self._raw.close()
+
+    def release(self) -> None:
+        """Give the connection back if the answer was read to its end, else drop it."""
+        self._raw.release()
+
+
+class EngineClient:
+    """Keep-alive connections to the engines (one per app); every failure an UpstreamError.
+
+    `client` picks the HTTP client: "builtin" (`engine_http.py`) or "aiohttp"."""
+
+    def __init__(
+        self, headers: dict[str, str] | None = None, *, idle_s: float = 4.0, client: str = "builtin"
+    ) -> None:
+        self._http: HttpTransport
+        if client == "aiohttp":
+            from boomerang.router.engine_aiohttp import AiohttpClient
+
+            self._http = AiohttpClient(headers, idle_s=idle_s)
+        else:
+            self._http = HttpClient(headers, idle_s=idle_s)
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        limits: Limits,
+        *,
+        request_id: str | None = None,
+    ) -> tuple[int, bytes]:
+        """One call read to its end: (status, body)."""
+        with _transport_errors():
+            return await self._http.request(method, url, body, limits, request_id=request_id)
+
+    async def stream(
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        limits: Limits,
+        headers_s: float,
+        *,
+        request_id: str | None = None,
+    ) -> EngineStream:
+        """Send, and return once the answer's headers are in (within `headers_s`)."""
+        with _transport_errors("no response headers in time"):
+            raw = await self._http.stream(
+                method, url, body, limits, headers_s, request_id=request_id
+            )
+        return EngineStream(raw)
+
+    async def close(self) -> None:
+        """Close every connection."""
+        await self._http.close()
+
+
 async def _fetch(
     client: EngineClient,
     method: str,
@@ -80,10 +207,9 @@ async def _fetch(
     body: Any = None,
     request_id: str | None = None,
 ) -> bytes:
-    """One request whose transport failures become UpstreamErrors; returns the body."""
+    """One request read to its end; returns the body of a 200."""
     data = None if body is None else orjson.dumps(body)
-    with _transport_errors():
-        status, raw = await client.request(method, url, data, limit, request_id=request_id)
+    status, raw = await client.request(method, url, data, limit, request_id=request_id)
     check_status(status, raw)
     return raw
 
@@ -95,17 +221,17 @@ async def post_json(
     limit: Limits,
     request_id: str | None = None,
 ) -> dict[str, Any]:
-    """POST a JSON body and return the JSON object answered; raises UpstreamError."""
+    """POST a JSON body and return the JSON object answered."""
     return parse_object(await _fetch(client, "POST", url, limit, body, request_id))
 
 
 async def get_bytes(client: EngineClient, url: str, limit: Limits) -> bytes:
-    """GET and return the body; raises UpstreamError."""
+    """GET and return the body."""
     return await _fetch(client, "GET", url, limit)
 
 
 async def get_json(client: EngineClient, url: str, limit: Limits) -> Any:
-    """GET and decode JSON; raises UpstreamError."""
+    """GET and decode JSON."""
     raw = await _fetch(client, "GET", url, limit)
     try:
         return orjson.loads(raw) if raw else None
@@ -120,23 +246,20 @@ async def open_stream(
     limit: Limits,
     first_byte_s: float,
     request_id: str | None = None,
-) -> StreamedResponse:
-    """POST and return the response once its headers arrived with status 200.
-
-    The caller must release the response. Raises UpstreamError.
-    """
-    data = orjson.dumps(body)
-    with _transport_errors("no response headers in time"):
-        resp = await client.stream("POST", url, data, limit, first_byte_s, request_id=request_id)
+) -> EngineStream:
+    """POST and return the answer once its headers arrived (within `first_byte_s`) with
+    status 200; the caller must release it."""
+    resp = await client.stream(
+        "POST", url, orjson.dumps(body), limit, first_byte_s, request_id=request_id
+    )
     if resp.status != 200:
         try:
-            with _transport_errors():
-                raw = await asyncio.wait_for(resp.read(), first_byte_s)
-        except UpstreamError:
-            raw = b""
+            answer = await asyncio.wait_for(resp.read(), first_byte_s)
+        except (UpstreamError, TimeoutError):
+            answer = b""
         finally:
             resp.release()
-        check_status(resp.status, raw)
+        check_status(resp.status, answer)
     return resp
 
 
@@ -157,46 +280,3 @@ def parse_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UpstreamError("protocol", "response is not a JSON object")
     return data
-
-
-def client_error(exc: UpstreamError) -> ApiError:
-    """An engine's 4xx, passed on with its own message when it has one."""
-    message = "the engine rejected the request"
-    try:
-        data = _error_message(exc.body)
-        message = data or message
-    except ValueError:
-        pass
-    return ApiError(exc.status or 400, message)
-
-
-def _error_message(body: bytes | None) -> str | None:
-    """The `message` of an OpenAI-style error body, if there is one."""
-    if not body:
-        return None
-    data = orjson.loads(body)
-    if isinstance(data, dict):
-        err = data.get("error", data)
-        if isinstance(err, dict) and isinstance(err.get("message"), str):
-            return str(err["message"])
-        if isinstance(data.get("message"), str):
-            return str(data["message"])
-    return None
-
-
-class Unavailable(ApiError):
-    """No engine of `role` could serve this turn: none was there, or every one tried failed
-    (the flow may then serve the turn on the other role alone, see `degraded.py`)."""
-
-    def __init__(self, role: Role, status: int, message: str, *, type_: str | None = None) -> None:
-        super().__init__(status, message, type_=type_)
-        self.role: Role = role
-
-
-def unavailable(stage: Role, last: UpstreamError | None) -> Unavailable:
-    """No engine of a role could serve: 503 with none tried, 504 on timeouts, else 502."""
-    detail = f": {last.kind}" if last is not None else ""
-    status = 504 if last is not None and last.kind == "timeout" else 502
-    if last is None:
-        status = 503
-    return Unavailable(stage, status, f"no {stage} engine could serve the request{detail}")

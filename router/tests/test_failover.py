@@ -1,0 +1,115 @@
+"""The one failover policy every engine call uses: another engine after a retryable failure,
+the engine's 4xx straight to the client, and a clear 5xx when no engine is left."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from boomerang.router.endpoints import Endpoint, Pool
+from boomerang.router.errors import ApiError
+from boomerang.router.failover import Failover, Unavailable
+from boomerang.router.metrics import Metrics
+from boomerang.router.upstream import UpstreamError
+
+URLS = ["http://e0", "http://e1", "http://e2"]
+
+
+def pool() -> Pool:
+    p = Pool("decode", eject_after=1)
+    p.set_urls(URLS)
+    return p
+
+
+def first_of(candidates: Sequence[Endpoint]) -> Endpoint:
+    return candidates[0]
+
+
+class Engines:
+    """Answers per URL: an UpstreamError to raise, or the value to return."""
+
+    def __init__(self, answers: dict[str, UpstreamError | str]) -> None:
+        self.answers = answers
+        self.called: list[str] = []
+
+    async def __call__(self, ep: Endpoint) -> str:
+        self.called.append(ep.url)
+        answer = self.answers.get(ep.url, "ok")
+        if isinstance(answer, UpstreamError):
+            raise answer
+        return answer
+
+
+def retries(metrics: Metrics) -> float:
+    value = metrics.registry.get_sample_value("boomerang_router_retries_total", {"role": "decode"})
+    return value or 0.0
+
+
+async def test_a_retryable_failure_moves_on_to_an_engine_not_tried() -> None:
+    metrics, p = Metrics(), pool()
+    engines = Engines({URLS[0]: UpstreamError("status", "500", status=500)})
+    assert await Failover(metrics).run(p, first_of, engines, retries=2) == "ok"
+    assert engines.called == URLS[:2]
+    assert retries(metrics) == 1
+    assert p.endpoints[URLS[0]].ejected  # eject_after=1
+
+
+async def test_the_first_engine_is_the_one_given() -> None:
+    engines = Engines({})
+    given = pool().endpoints[URLS[2]]
+    await Failover(Metrics()).run(pool(), first_of, engines, retries=2, first=given)
+    assert engines.called == [URLS[2]]
+
+
+async def test_a_4xx_goes_to_the_client_with_the_engines_message() -> None:
+    body = b'{"error": {"message": "prompt too long"}}'
+    engines = Engines({URLS[0]: UpstreamError("client", "400", status=400, body=body)})
+    with pytest.raises(ApiError) as err:
+        await Failover(Metrics()).run(pool(), first_of, engines, retries=2)
+    assert (err.value.status, err.value.message) == (400, "prompt too long")
+    assert engines.called == URLS[:1]
+
+
+@pytest.mark.parametrize(
+    ("kind", "status"), [("timeout", 504), ("status", 502), ("protocol", 502), ("connect", 502)]
+)
+async def test_no_engine_left_is_unavailable(kind: str, status: int) -> None:
+    engines = Engines(dict.fromkeys(URLS, UpstreamError(kind, kind)))  # type: ignore[arg-type]
+    with pytest.raises(Unavailable) as err:
+        await Failover(Metrics()).run(pool(), first_of, engines, retries=5)
+    assert (err.value.role, err.value.status) == ("decode", status)
+    assert err.value.message == f"no decode engine could serve the request: {kind}"
+    assert engines.called == URLS  # each engine once
+
+
+async def test_no_engine_at_all_is_a_503() -> None:
+    with pytest.raises(Unavailable) as err:
+        await Failover(Metrics()).run(Pool("prefill"), first_of, Engines({}), retries=2)
+    assert (err.value.role, err.value.status) == ("prefill", 503)
+
+
+async def test_retries_are_bounded() -> None:
+    engines = Engines(dict.fromkeys(URLS, UpstreamError("status", "500")))
+    with pytest.raises(Unavailable):
+        await Failover(Metrics()).run(pool(), first_of, engines, retries=1)
+    assert engines.called == URLS[:2]
+
+
+async def test_before_retry_sees_the_last_failure_and_only_before_a_retry() -> None:
+    failures = [UpstreamError("connect", "refused"), UpstreamError("status", "500")]
+    engines = Engines(dict(zip(URLS, failures, strict=False)))
+    seen: list[UpstreamError] = []
+
+    async def before_retry(failure: UpstreamError) -> None:
+        seen.append(failure)
+
+    run = Failover(Metrics()).run
+    assert await run(pool(), first_of, engines, retries=2, before_retry=before_retry) == "ok"
+    assert seen == failures
+    seen.clear()
+    only_one = Pool("decode")
+    only_one.set_urls(URLS[:1])
+    with pytest.raises(Unavailable):
+        await run(only_one, first_of, engines, retries=2, before_retry=before_retry)
+    assert seen == []  # no engine to retry on: nothing to prepare
