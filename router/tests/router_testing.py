@@ -23,6 +23,7 @@ import itertools
 import json
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -403,3 +404,36 @@ async def filed(w: Any, n: int) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"{n} handles were never filed")
+
+
+# Engines that misbehave in one exact way at the TCP level, for the HTTP client's and the
+# engine-call facade's tests.
+
+
+async def raw_server(
+    handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+) -> tuple[asyncio.Server, str]:
+    """A TCP server running `handle` per connection; its base URL."""
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Reads the request's head, then closes without an answer."""
+    await reader.readuntil(b"\r\n\r\n")
+    writer.close()
+
+
+async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Reads, and never answers."""
+    await reader.read()
+
+
+async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Answers 200 with a chunked body of one byte every 50 ms, for 2.5 s."""
+    await reader.readuntil(b"\r\n\r\n")
+    writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    for _ in range(50):
+        writer.write(b"1\r\nx\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)

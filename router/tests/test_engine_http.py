@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from router_testing import free_port
+from router_testing import free_port, hang_up, raw_server, silent, trickle
 
 from boomerang.router.engine_http import ConnectError, HttpClient, HttpError, Limits
 
@@ -47,14 +47,6 @@ async def _echo_app(peers: list[Any]) -> tuple[TestServer, str]:
     app = web.Application()
     app.router.add_route("*", "/echo", echo)
     return await _serve(app)
-
-
-async def _raw_server(
-    handle: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
-) -> tuple[asyncio.Server, str]:
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    return server, f"http://127.0.0.1:{port}"
 
 
 async def test_sequential_calls_share_one_kept_alive_connection(engines: HttpClient) -> None:
@@ -111,11 +103,7 @@ async def test_nothing_listening_is_a_connect_error(engines: HttpClient) -> None
 async def test_a_connection_closed_before_the_answer_is_not_a_connect_error(
     engines: HttpClient,
 ) -> None:
-    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.close()
-
-    server, url = await _raw_server(hang_up)
+    server, url = await raw_server(hang_up)
     try:
         with pytest.raises(HttpError) as err:
             await engines.request("POST", url + "/v1", b"{}", LIMITS)
@@ -130,7 +118,7 @@ async def test_a_malformed_answer_is_an_http_error(engines: HttpClient) -> None:
         writer.write(b"SMTP ready\r\n\r\n")
         await writer.drain()
 
-    server, url = await _raw_server(garbage)
+    server, url = await raw_server(garbage)
     try:
         with pytest.raises(HttpError):
             await engines.request("GET", url + "/", None, LIMITS)
@@ -151,7 +139,7 @@ async def test_a_server_that_closes_after_answering_gets_a_fresh_connection(
         await writer.drain()
         writer.close()  # no Connection: close header: the client must notice the EOF itself
 
-    server, url = await _raw_server(once)
+    server, url = await raw_server(once)
     try:
         for _ in range(3):
             assert await engines.request("GET", url + "/", None, LIMITS) == (200, b"ok")
@@ -181,7 +169,7 @@ def _answer_then_await_eof(
 
 async def test_a_timed_out_call_drops_its_connection(engines: HttpClient) -> None:
     silent, saw_eof = _answer_then_await_eof(b"")
-    server, url = await _raw_server(silent)
+    server, url = await raw_server(silent)
     try:
         with pytest.raises(TimeoutError):
             await engines.request("GET", url + "/", None, Limits(total=0.2, connect=1.0))
@@ -193,7 +181,7 @@ async def test_a_timed_out_call_drops_its_connection(engines: HttpClient) -> Non
 async def test_a_cancelled_stream_drops_its_connection(engines: HttpClient) -> None:
     head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n"
     endless, saw_eof = _answer_then_await_eof(head)
-    server, url = await _raw_server(endless)
+    server, url = await raw_server(endless)
     try:
         resp = await engines.stream("POST", url + "/", b"{}", LIMITS, headers_s=1.0)
         assert await anext(resp.iter_any()) == b"hello"
@@ -253,15 +241,7 @@ async def test_a_body_larger_than_the_read_buffer_arrives_whole_to_a_slow_reader
 
 
 async def test_a_stream_past_its_total_limit_fails_its_reader(engines: HttpClient) -> None:
-    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-        for _ in range(50):
-            writer.write(b"1\r\nx\r\n")
-            await writer.drain()
-            await asyncio.sleep(0.05)
-
-    server, url = await _raw_server(trickle)
+    server, url = await raw_server(trickle)
     try:
         resp = await engines.stream(
             "POST", url + "/", b"{}", Limits(total=0.3, connect=1.0), headers_s=1.0
@@ -300,7 +280,7 @@ async def test_a_body_that_stalls_after_the_headers_times_out(engines: HttpClien
         await writer.drain()
         await reader.read()
 
-    server, url = await _raw_server(stall)
+    server, url = await raw_server(stall)
     try:
         started = asyncio.get_running_loop().time()
         with pytest.raises(TimeoutError):
@@ -311,10 +291,7 @@ async def test_a_body_that_stalls_after_the_headers_times_out(engines: HttpClien
 
 
 async def test_a_stream_without_headers_in_time_times_out(engines: HttpClient) -> None:
-    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.read()
-
-    server, url = await _raw_server(silent)
+    server, url = await raw_server(silent)
     try:
         with pytest.raises(TimeoutError):
             await engines.stream("POST", url + "/", b"{}", LIMITS, headers_s=0.2)
@@ -331,7 +308,7 @@ async def test_a_body_delimited_by_the_connection_closing_arrives_whole(
         await writer.drain()
         writer.close()
 
-    server, url = await _raw_server(old_style)
+    server, url = await raw_server(old_style)
     try:
         assert await engines.request("GET", url + "/", None, LIMITS) == (200, b"x" * 5000)
         assert await engines.request("GET", url + "/", None, LIMITS) == (200, b"x" * 5000)

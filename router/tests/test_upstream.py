@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from router_testing import free_port
+from router_testing import free_port, hang_up, raw_server, silent, trickle
 
 from boomerang.router.upstream import (
     EngineClient,
@@ -25,16 +25,11 @@ LIMITS = Limits(total=5.0, connect=2.0)
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
-@pytest.fixture(params=["builtin", "aiohttp"])
-async def engines(request: pytest.FixtureRequest) -> AsyncIterator[EngineClient]:
-    client = EngineClient({"Authorization": "Bearer k"}, client=request.param)
+@pytest.fixture
+async def engines() -> AsyncIterator[EngineClient]:
+    client = EngineClient({"Authorization": "Bearer k"})
     yield client
     await client.close()
-
-
-async def raw_server(handle: Handler) -> tuple[asyncio.Server, str]:
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
 
 
 async def app_server(app: web.Application) -> tuple[TestServer, str]:
@@ -71,10 +66,6 @@ async def test_nothing_listening_was_never_delivered(engines: EngineClient) -> N
 async def test_a_connection_closed_before_the_answer_may_have_been_delivered(
     engines: EngineClient,
 ) -> None:
-    async def hang_up(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.close()
-
     server, url = await raw_server(hang_up)
     try:
         with pytest.raises(UpstreamError) as err:
@@ -85,9 +76,6 @@ async def test_a_connection_closed_before_the_answer_may_have_been_delivered(
 
 
 async def test_a_silent_engine_is_a_timeout(engines: EngineClient) -> None:
-    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.read()
-
     server, url = await raw_server(silent)
     try:
         with pytest.raises(UpstreamError) as err:
@@ -145,14 +133,6 @@ async def test_a_stream_that_breaks_midway_raises_an_upstream_error(engines: Eng
 
 
 async def test_a_stream_past_its_total_limit_is_a_timeout(engines: EngineClient) -> None:
-    async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-        for _ in range(50):
-            writer.write(b"1\r\nx\r\n")
-            await writer.drain()
-            await asyncio.sleep(0.05)
-
     server, url = await raw_server(trickle)
     try:
         resp = await open_stream(engines, url + "/v1", {}, Limits(total=0.3, connect=1.0), 1.0)

@@ -103,13 +103,63 @@ def _validations(rules: Sequence[api.Rule[Any]]) -> list[dict[str, str]]:
 
 
 def crd() -> dict[str, Any]:
-    """The full CustomResourceDefinition object."""
+    """The DisaggregatedDeployment CustomResourceDefinition."""
     spec = openapi_schema(api.DisaggregatedDeploymentSpec)
     spec["x-kubernetes-validations"] = _validations(api.RULES)
-    status = openapi_schema(api.DisaggregatedDeploymentStatus)
+    return _definition(
+        kind=api.KIND,
+        plural=api.PLURAL,
+        singular=api.SINGULAR,
+        short_names=api.SHORT_NAMES,
+        doc=api.DisaggregatedDeployment.__doc__,
+        spec=spec,
+        status=openapi_schema(api.DisaggregatedDeploymentStatus),
+        name_rules=_validations(api.NAME_RULES),
+        subresources={"status": {}},
+        columns=PRINTER_COLUMNS,
+    )
+
+
+def scaler_crd() -> dict[str, Any]:
+    """The CRD of the per-role scaling adapter (scaler_api.py), with its scale subresource."""
+    spec = openapi_schema(scaler_api.DisaggregatedRoleScalerSpec)
+    spec["x-kubernetes-validations"] = _validations(scaler_api.SPEC_RULES)
+    scale = {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+    return _definition(
+        kind=scaler_api.KIND,
+        plural=scaler_api.PLURAL,
+        singular=scaler_api.SINGULAR,
+        short_names=scaler_api.SHORT_NAMES,
+        doc=scaler_api.DisaggregatedRoleScaler.__doc__,
+        spec=spec,
+        status=openapi_schema(scaler_api.DisaggregatedRoleScalerStatus),
+        name_rules=_validations(scaler_api.NAME_RULES),
+        subresources={"status": {}, "scale": scale},
+        columns=scaler_api.PRINTER_COLUMNS,
+    )
+
+
+def _definition(
+    *,
+    kind: str,
+    plural: str,
+    singular: str,
+    short_names: list[str],
+    doc: str | None,
+    spec: dict[str, Any],
+    status: dict[str, Any],
+    name_rules: list[dict[str, Any]],
+    subresources: dict[str, Any],
+    columns: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """One namespaced CRD of the group, served and stored at the API's one version."""
     schema = {
         "type": "object",
-        "description": api.DisaggregatedDeployment.__doc__,
+        "description": doc,
         "required": ["spec"],
         "properties": {
             "apiVersion": {"type": "string", "description": "API version."},
@@ -120,24 +170,24 @@ def crd() -> dict[str, Any]:
             "status": status,
         },
         # Only rules at the root can read metadata.name (of metadata, only it and generateName).
-        "x-kubernetes-validations": _validations(api.NAME_RULES),
+        "x-kubernetes-validations": name_rules,
     }
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
-            "name": CRD_NAME,
+            "name": f"{plural}.{api.GROUP}",
             "labels": {"app.kubernetes.io/part-of": "boomerang"},
         },
         "spec": {
             "group": api.GROUP,
             "scope": "Namespaced",
             "names": {
-                "kind": api.KIND,
-                "listKind": f"{api.KIND}List",
-                "plural": api.PLURAL,
-                "singular": api.SINGULAR,
-                "shortNames": api.SHORT_NAMES,
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": singular,
+                "shortNames": short_names,
                 "categories": ["boomerang"],
             },
             "versions": [
@@ -145,58 +195,13 @@ def crd() -> dict[str, Any]:
                     "name": api.VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "subresources": subresources,
+                    "additionalPrinterColumns": columns,
                     "schema": {"openAPIV3Schema": schema},
                 }
             ],
         },
     }
-
-
-def scaler_crd() -> dict[str, Any]:
-    """The CRD of the per-role scaling adapter (scaler_api.py), with its scale subresource."""
-    spec = openapi_schema(scaler_api.DisaggregatedRoleScalerSpec)
-    spec["x-kubernetes-validations"] = _validations(scaler_api.SPEC_RULES)
-    schema = {
-        "type": "object",
-        "description": scaler_api.DisaggregatedRoleScaler.__doc__,
-        "required": ["spec"],
-        "properties": {
-            "apiVersion": {"type": "string", "description": "API version."},
-            "kind": {"type": "string", "description": "Kind."},
-            "metadata": {"type": "object", "properties": {"name": {"type": "string"}}},
-            "spec": spec,
-            "status": openapi_schema(scaler_api.DisaggregatedRoleScalerStatus),
-        },
-        "x-kubernetes-validations": _validations(scaler_api.NAME_RULES),
-    }
-    scale = {
-        "specReplicasPath": ".spec.replicas",
-        "statusReplicasPath": ".status.replicas",
-        "labelSelectorPath": ".status.selector",
-    }
-    version = {
-        "name": api.VERSION, "served": True, "storage": True,
-        "subresources": {"status": {}, "scale": scale},
-        "additionalPrinterColumns": scaler_api.PRINTER_COLUMNS,
-        "schema": {"openAPIV3Schema": schema},
-    }  # fmt: skip
-    names = {
-        "kind": scaler_api.KIND, "listKind": f"{scaler_api.KIND}List",
-        "plural": scaler_api.PLURAL, "singular": scaler_api.SINGULAR,
-        "shortNames": scaler_api.SHORT_NAMES, "categories": ["boomerang"],
-    }  # fmt: skip
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {
-            "name": f"{scaler_api.PLURAL}.{api.GROUP}",
-            "labels": {"app.kubernetes.io/part-of": "boomerang"},
-        },
-        "spec": {"group": api.GROUP, "scope": "Namespaced", "names": names,
-                 "versions": [version]},
-    }  # fmt: skip
 
 
 _HEADER = "# Generated by `make crds` from operator/src/boomerang/operator/api.py. Do not edit.\n"

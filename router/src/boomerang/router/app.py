@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -101,9 +100,7 @@ def _lifecycle(strategy: Strategy | None, store: ConversationStore | None) -> An
         headers = {}
         if config.engine_api_key:
             headers["Authorization"] = f"Bearer {config.engine_api_key}"
-        # The HTTP client behind `upstream.py`: a switch to measure aiohttp's (README).
-        client = os.environ.get("BOOMERANG_ROUTER_ENGINE_CLIENT", "builtin")
-        engines = EngineClient(headers, client=client)
+        engines = EngineClient(headers)
         session = aiohttp.ClientSession()  # the Kubernetes API (EndpointSlice watches)
         the_store = store or _make_store(config)
         app[ROUTER] = Router(

@@ -7,7 +7,7 @@ engine may answer (`retryable`), and whether this one may have received the requ
 and a prefill's params are still unread), anything later might have. Only this module turns the
 HTTP client's exceptions (`engine_http`'s ConnectError, HttpError, TimeoutError) into
 `UpstreamError`: every call, and every read of a streamed body, raises that and nothing else.
-The client behind it is `engine_http.HttpClient`, or aiohttp's to compare (README, Engine calls).
+The client behind it is `engine_http.HttpClient` (why not aiohttp's: README, Engine calls).
 """
 
 from __future__ import annotations
@@ -15,11 +15,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import orjson
 
-from boomerang.router.engine_http import ConnectError, HttpClient, HttpError, Limits
+from boomerang.router.engine_http import (
+    ConnectError,
+    HttpClient,
+    HttpError,
+    Limits,
+    StreamedResponse,
+)
 
 FailureKind = Literal["connect", "timeout", "status", "protocol", "client"]
 
@@ -81,50 +87,13 @@ def _transport_errors(timeout_message: str = "timed out") -> Iterator[None]:
         raise UpstreamError("protocol", f"connection failed: {exc}") from None
 
 
-class RawStream(Protocol):
-    """A streamed answer as an HTTP client hands it over (its own exceptions)."""
-
-    status: int
-
-    def iter_any(self) -> AsyncIterator[bytes]: ...
-    async def read(self) -> bytes: ...
-    def close(self) -> None: ...
-    def release(self) -> None: ...
-
-
-class HttpTransport(Protocol):
-    """What an HTTP client gives the facade: `engine_http.HttpClient`, or aiohttp's behind
-    `engine_aiohttp.AiohttpClient` (to measure one against the other)."""
-
-    async def request(
-        self,
-        method: str,
-        url: str,
-        body: bytes | None,
-        limits: Limits,
-        *,
-        request_id: str | None = None,
-    ) -> tuple[int, bytes]: ...
-    async def stream(
-        self,
-        method: str,
-        url: str,
-        body: bytes | None,
-        limits: Limits,
-        headers_s: float,
-        *,
-        request_id: str | None = None,
-    ) -> RawStream: ...
-    async def close(self) -> None: ...
-
-
 class EngineStream:
     """An engine's answer whose body is read as it arrives; `release()` must follow.
 
     Reading raises UpstreamError (a timeout past the call's total limit, or a broken
     connection); `close()` aborts the call (vLLM stops a request whose client went away)."""
 
-    def __init__(self, raw: RawStream) -> None:
+    def __init__(self, raw: StreamedResponse) -> None:
         self._raw = raw
         self.status = raw.status
 
@@ -149,20 +118,10 @@ class EngineStream:
 
 
 class EngineClient:
-    """Keep-alive connections to the engines (one per app); every failure an UpstreamError.
+    """Keep-alive connections to the engines (one per app); every failure an UpstreamError."""
 
-    `client` picks the HTTP client: "builtin" (`engine_http.py`) or "aiohttp"."""
-
-    def __init__(
-        self, headers: dict[str, str] | None = None, *, idle_s: float = 4.0, client: str = "builtin"
-    ) -> None:
-        self._http: HttpTransport
-        if client == "aiohttp":
-            from boomerang.router.engine_aiohttp import AiohttpClient
-
-            self._http = AiohttpClient(headers, idle_s=idle_s)
-        else:
-            self._http = HttpClient(headers, idle_s=idle_s)
+    def __init__(self, headers: dict[str, str] | None = None, *, idle_s: float = 4.0) -> None:
+        self._http = HttpClient(headers, idle_s=idle_s)
 
     async def request(
         self,
