@@ -1,1 +1,1 @@
-"""The vLLM side of Boomerang: kv-transfer config, engine entrypoint, plugin, local runtime."""
+"""The vLLM side of Boomerang: kv-transfer config, engine entrypoint, plugin, engine install."""
