@@ -62,10 +62,12 @@ def get_json(url: str, timeout: float = 10.0) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def stream_events(url: str, body: dict[str, Any], timeout: float = 300.0) -> Any:
-    """Yield (arrival time, JSON) per SSE data event."""
+def stream_events(
+    url: str, body: dict[str, Any], timeout: float = 300.0, headers: dict[str, str] | None = None
+) -> Any:
+    """Yield (arrival time, JSON) per SSE data event (`headers` added to the request's)."""
     req = urllib.request.Request(
-        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+        url, json.dumps(body).encode(), {"Content-Type": "application/json", **(headers or {})}
     )
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         for raw in resp:
