@@ -82,7 +82,24 @@ def import_images(
             alias = public_name(image.ref)
             subprocess.run([*base, "images", "tag", "--force", image.ref, alias], check=True)
             names.append(alias)
+    drop_superseded(base)
     return names
+
+
+def drop_superseded(base: list[str]) -> list[str]:
+    """Remove the images no name points at any more; returns their references.
+
+    The CRI plugin names every image it has seen by its id too (`sha256:...`). A new import
+    under an old name moves the name, but that id reference keeps the old image and its
+    unpacked layers alive, so a store kept between runs would grow by an image per rebuild
+    (it reached 24 GB). An id whose image no named reference shares is such a leftover."""
+    out = subprocess.run([*base, "images", "ls"], capture_output=True, text=True, check=True)
+    rows = [line.split() for line in out.stdout.splitlines()[1:] if line.strip()]
+    named = {row[2] for row in rows if len(row) > 2 and not row[0].startswith("sha256:")}
+    stale = [row[0] for row in rows if row[0].startswith("sha256:") and row[2] not in named]
+    for ref in stale:
+        subprocess.run([*base, "images", "rm", ref], check=False, capture_output=True)
+    return stale
 
 
 def held_key(base: list[str], ref: str) -> str | None:
