@@ -19,9 +19,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from boomerang.local.engine_client import completion_body, post, scrape, tokens_by_source
-
-__all__ = ["completion_body", "post", "scrape", "tokens_by_source"]
+# The plain engine calls are the local runtime's own; the tests and benchmarks reach them here too.
+from boomerang.local.engine_client import completion_body as completion_body
+from boomerang.local.engine_client import post as post
+from boomerang.local.engine_client import scrape as scrape
+from boomerang.local.engine_client import tokens_by_source as tokens_by_source
 
 FRESH = {
     "do_remote_decode": True,
