@@ -57,6 +57,11 @@ class DataPlane:
     next_port: int = PORTS.router
 
     @property
+    def lease_token(self) -> str:
+        """The bearer token of the engines' lease API (one per run dir, as `boomerang up`)."""
+        return stack.read_lease_token(self.run_dir)
+
+    @property
     def p_url(self) -> str:
         return f"http://127.0.0.1:{PORTS.prefill}"
 
@@ -73,6 +78,7 @@ class DataPlane:
                 ports=PORTS,
                 run_dir=self.run_dir,
                 base_env=dict(os.environ),
+                lease_token=self.lease_token,
             )
             self.specs[role] = spec
             self.pids[role] = processes.spawn(spec).pid
@@ -86,6 +92,7 @@ class DataPlane:
         """Start a router process with the rendered config plus `overrides`; returns its URL."""
         self.next_port += 1
         port = self.next_port
+        overrides.setdefault("lease_token_file", str(stack.lease_token_file(self.run_dir)))
         settings = stack.router_settings(self.dd, PORTS, **overrides)
         settings.update(listen_port=port, log_level="DEBUG")
         config_file = self.run_dir / f"{name}.yaml"

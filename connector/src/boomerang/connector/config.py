@@ -52,6 +52,17 @@ ENGINE_REVISION_METRIC = "boomerang_engine_revision_info"
 """The gauge (value 1) whose `revision` label carries it, so the router pairs P and D of one
 revision while a rollout runs both."""
 
+LEASE_TOKEN_ENV = "BOOMERANG_LEASE_TOKEN"
+"""The bearer token of the engine's lease API (`boomerang.connector.leases`); unset = the API
+answers 403 (no control), and the router falls back to D's TTL."""
+LEASE_PATH = "/boomerang/v1/leases"
+"""Where the lease API lives on the engine's HTTP port: GET it, POST `/release` and `/renew`."""
+LEASE_MIDDLEWARE = "boomerang.connector.leases.LeaseControl"
+"""The ASGI middleware serving the lease API in vLLM's API server (`--middleware`)."""
+LEASE_WORKER_EXTENSION = "boomerang.connector.leases.LeaseWorker"
+"""The methods mixed into vLLM's worker that release or renew D's retained blocks
+(`--worker-extension-cls`)."""
+
 
 @dataclass(frozen=True)
 class KVTransferSettings:
@@ -120,6 +131,11 @@ def engine_args(role: Role, engine: EngineSettings, kv: KVTransferSettings) -> l
         "--enable-prefix-caching" if engine.prefix_caching else "--no-enable-prefix-caching",
         "--kv-transfer-config",
         json.dumps(kv_transfer_config(role, kv), sort_keys=True, separators=(",", ":")),
+        # Both roles, like the kv config: one description of the engine (P holds no leases).
+        "--middleware",
+        LEASE_MIDDLEWARE,
+        "--worker-extension-cls",
+        LEASE_WORKER_EXTENSION,
     ]
     if engine.max_model_len is not None:
         args += ["--max-model-len", str(engine.max_model_len)]

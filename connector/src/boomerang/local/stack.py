@@ -4,7 +4,10 @@ The stack runs exactly what the operator renders for a `DisaggregatedDeployment`
 arguments and environment come from `boomerang.operator.render`, the router's configuration
 from the same function that fills its ConfigMap. Only what is local is overridden: every
 listener on 127.0.0.1, one port per process, the NIXL side-channel host 127.0.0.1, OMP threads
-bound to different cores for P and D, logs and pid files under the cache directory.
+bound to different cores for P and D, logs and pid files under the cache directory. One
+random lease token per run directory (`lease-token`, mode 0600) lets the router release and
+renew D's retained blocks (`boomerang.connector.leases`): the engines get it in their
+environment, the router the file's path (`lease_token_file`).
 
 `plan()` is pure (manifest in, process specs out); `up()`, `down()` and `status()` do the I/O.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -32,6 +36,7 @@ from boomerang.local import calibrate, processes
 DEFAULT_MANIFEST = Path(__file__).resolve().parent / "local-cpu.yaml"
 """The embedded default of `boomerang up` and `boomerang demo` (also `examples/local-cpu.yaml`)."""
 ENGINE_START_TIMEOUT_S = 600.0
+LEASE_TOKEN_FILE = "lease-token"
 
 
 @dataclass(frozen=True)
@@ -88,12 +93,16 @@ def engine_spec(
     ports: LocalPorts,
     run_dir: Path,
     base_env: Mapping[str, str],
+    lease_token: str | None = None,
 ) -> processes.ProcessSpec:
-    """How to run one role's engine locally, from the operator's rendering of the manifest."""
+    """How to run one role's engine locally, from the operator's rendering of the manifest;
+    `lease_token` switches on the engine's lease API (`boomerang.connector.leases`)."""
     from boomerang.operator import render
 
     args = render.engine_args(dd, role, host="127.0.0.1", port=ports.http(role))
     env = {**base_env, **render.engine_env(dd, role), **engine_local_env(role, ports)}
+    if lease_token:
+        env[connector.LEASE_TOKEN_ENV] = lease_token
     return processes.ProcessSpec(
         name=role,
         cmd=[*engine_command(engine_venv), *args],
@@ -155,6 +164,25 @@ def build_model(engine_venv: Path, source: str, env: Mapping[str, str]) -> None:
     subprocess.run(cmd, check=True, env=dict(env), stdout=subprocess.DEVNULL)
 
 
+def lease_token_file(rdir: Path) -> Path:
+    """The run directory's lease token: made once (random, mode 0600), then reused."""
+    path = rdir / LEASE_TOKEN_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        if path.read_text().strip():
+            return path
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_urlsafe(32) + "\n")
+    os.chmod(path, 0o600)
+    return path
+
+
+def read_lease_token(rdir: Path) -> str:
+    return lease_token_file(rdir).read_text().strip()
+
+
 def _state_file(rdir: Path) -> Path:
     return rdir / "state.json"
 
@@ -187,8 +215,12 @@ def up(manifest: Path, ports: LocalPorts | None = None, log: Any = print) -> str
     log(f"Building model {dd.spec.model.source} (cached after the first run)")
     build_model(venv, dd.spec.model.source, base_env)
     config_file = rdir / "router.yaml"
+    token_file = lease_token_file(rdir)
+    token = read_lease_token(rdir)
     specs = [
-        engine_spec(dd, r, engine_venv=venv, ports=ports, run_dir=rdir, base_env=base_env)
+        engine_spec(
+            dd, r, engine_venv=venv, ports=ports, run_dir=rdir, base_env=base_env, lease_token=token
+        )
         for r in connector.ROLES
     ]
     specs.append(router_spec("router", config_file, ports.router, rdir, base_env))
@@ -200,7 +232,8 @@ def up(manifest: Path, ports: LocalPorts | None = None, log: Any = print) -> str
         # Engines first (they start together), the router once they answer: it would otherwise
         # eject them as unhealthy while they load.
         _start(specs[:2], state, rdir, log)
-        settings = router_settings(dd, ports, timeouts=calibrated_timeouts(dd, ports, log))
+        timeouts = calibrated_timeouts(dd, ports, log)
+        settings = router_settings(dd, ports, timeouts=timeouts, lease_token_file=str(token_file))
         config_file.write_text(yaml.safe_dump(settings, sort_keys=True))
         _start(specs[2:], state, rdir, log)
     except BaseException:

