@@ -1,0 +1,308 @@
+"""Which path a turn takes: pull, recompute or continue on D, from learned costs (pure).
+
+Kept apart from the flow because the choice must be cheap, explainable and table-tested alone.
+Each path's time to first token is a small linear model of the turn's shape (suffix = prompt -
+reusable tokens):
+
+- pull      = p_fixed + p_compute * suffix + p_pull_fixed + p_pull * reusable + d_first(prompt)
+- recompute = p_fixed + p_compute * prompt + d_first(prompt)
+- continue  = d_fixed + d_compute * suffix
+- d_first(n) = d_first_fixed + d_first * n  (D reads P's blocks and takes its first step)
+
+Pull minus recompute is `p_pull_fixed - (p_compute - p_pull) * reusable`, so the break-even is
+one history length and does not depend on the suffix. The engine's `kv_recompute_threshold` is a
+floor: P would recompute below it whatever the router sends, so pull is never allowed there.
+
+The coefficients are learned online: one weighted least-squares fit per leg (the P leg on
+[1, computed, pulled > 0, pulled], D's first token on [1, prompt], the continue path on
+[1, computed]), token features in thousands to keep the 4x4 normal equations well conditioned
+(`wls.py`: relative-error weights, forgetting with a half-life counted in observations so the
+model follows the load, coefficients kept >= 0). The priors enter as pseudo-observations spread
+over typical shapes, worth `prior_weight` observations at first and fading like real ones down
+to `prior_floor`: a handful of noisy points cannot flip a decision, and a fit fed one shape only
+(say, every pull of the same size) stays well posed. Non-finite, negative or hour-long
+observations are ignored.
+
+`DEFAULT_PRIORS` are conservative on purpose. `p_pull_fixed_s = 0` and `p_pull_s_per_token <
+p_compute_s_per_token` make pull never dearer than recompute: until the router has measured a
+fixed cost per pull it pulls whenever the engine would (reusable >= floor), exactly as `static`.
+`d_compute_s_per_token` is five times P's: D's prefill competes with the streams it decodes, so
+until measured the continue path only takes suffixes of itl_budget / d_compute (50 tokens at
+the default 50 ms budget) and only where it beats pull by that pessimistic estimate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Final
+
+from boomerang.router.wls import ForgettingFit
+
+
+class Path(StrEnum):
+    """A turn's path: the values of `boomerang_router_path_total{path}`."""
+
+    PULL = "pull"
+    RECOMPUTE = "recompute"
+    CONTINUE = "continue"
+
+
+_PREFERENCE: Final = (Path.PULL, Path.RECOMPUTE, Path.CONTINUE)
+"""Tie order: today's behaviour (static) first."""
+_TIE_S: Final = 1e-9
+"""Costs closer than this (seconds) are a tie."""
+_MAX_OBSERVED_S: Final = 3600.0
+"""Longer is no latency but a stall or a clock jump: ignored."""
+_K: Final = 1000.0
+"""Token features are in thousands of tokens (conditioning)."""
+_SCALE: Final = (1.0, 1 / _K, 1.0, 1 / _K, 1.0, 1 / _K, 1.0, 1 / _K)
+"""Fitted value -> `Coefficients` field, in field order."""
+_LEGS: Final = ("prefill", "decode_first", "continue")
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What the router knows of a turn before choosing."""
+
+    prompt_tokens: int
+    reusable_tokens: int
+    """Verified tokens of D's that P may pull (0: none)."""
+    holder: bool
+    """A decoder holds the verified history (continue possible)."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.reusable_tokens <= self.prompt_tokens:
+            raise ValueError(f"need 0 <= reusable_tokens <= prompt_tokens, got {self}")
+
+    @property
+    def suffix_tokens(self) -> int:
+        return self.prompt_tokens - self.reusable_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Bounds:
+    """The operator's bounds on the choice (router config `tuning`)."""
+
+    floor_tokens: int
+    """The engine's kv_recompute_threshold: never pull below it."""
+    break_even_min_tokens: int = 0
+    break_even_max_tokens: int = 1_000_000
+    continue_on_decode: bool = True
+    continue_max_suffix_tokens: int = 1024
+    itl_budget_s: float = 0.05
+
+    def __post_init__(self) -> None:
+        ints = (self.floor_tokens, self.break_even_min_tokens, self.break_even_max_tokens)
+        if min(*ints, self.continue_max_suffix_tokens) < 0:
+            raise ValueError(f"token bounds must be >= 0, got {self}")
+        if not (math.isfinite(self.itl_budget_s) and self.itl_budget_s >= 0):
+            raise ValueError(f"itl_budget_s must be finite and >= 0, got {self.itl_budget_s}")
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    path: Path
+    costs: Mapping[Path, float]
+    """Estimated seconds to first token for each allowed path."""
+    reason: str
+    """Why, for the log."""
+
+
+@dataclass(frozen=True, slots=True)
+class Coefficients:
+    """The cost model's coefficients (seconds, seconds per token) and observations per leg."""
+
+    p_fixed_s: float
+    p_compute_s_per_token: float
+    p_pull_fixed_s: float
+    p_pull_s_per_token: float
+    d_first_fixed_s: float
+    d_first_s_per_token: float
+    d_fixed_s: float
+    d_compute_s_per_token: float
+    observations: Mapping[str, int] = field(default_factory=dict)
+    """Observations taken per leg: prefill, decode_first, continue."""
+
+    def as_metrics(self) -> dict[str, float]:
+        """Metric name -> value (`boomerang_router_cost_coefficient{name}`, the state endpoint)."""
+        return {k: float(v) for k, v in asdict(self).items() if k != "observations"}
+
+    def costs(self, shape: Shape) -> dict[Path, float]:
+        """Each path's estimated seconds to first token for `shape` (allowed or not)."""
+        suffix, r = shape.suffix_tokens, shape.reusable_tokens
+        d_first = self.d_first_fixed_s + self.d_first_s_per_token * shape.prompt_tokens
+        p_leg = self.p_fixed_s + self.p_compute_s_per_token * suffix
+        pull = p_leg + self.p_pull_fixed_s + self.p_pull_s_per_token * r + d_first
+        recompute = self.p_fixed_s + self.p_compute_s_per_token * shape.prompt_tokens + d_first
+        return {
+            Path.PULL: pull,
+            Path.RECOMPUTE: recompute,
+            Path.CONTINUE: self.d_fixed_s + self.d_compute_s_per_token * suffix,
+        }
+
+
+DEFAULT_PRIORS: Final = Coefficients(
+    p_fixed_s=0.02,
+    p_compute_s_per_token=2e-4,
+    p_pull_fixed_s=0.0,
+    p_pull_s_per_token=4e-5,
+    d_first_fixed_s=0.01,
+    d_first_s_per_token=2e-5,
+    d_fixed_s=0.02,
+    d_compute_s_per_token=1e-3,
+)
+"""Conservative priors (module docs): pull never dearer than recompute, D's prefill 5x P's."""
+
+
+def break_even(c: Coefficients, bounds: Bounds) -> float:
+    """History length at which pull and recompute cost the same, clamped to the bounds and the
+    floor (inf before clamping when pull never pays)."""
+    lo = max(bounds.floor_tokens, bounds.break_even_min_tokens)
+    gain, fixed = c.p_compute_s_per_token - c.p_pull_s_per_token, c.p_pull_fixed_s
+    if gain <= 0:  # pull never saves anything: it pays only where it costs nothing at all
+        return float(lo if gain == 0 and fixed == 0 else max(lo, bounds.break_even_max_tokens))
+    tokens = fixed / gain
+    return float(max(lo, min(tokens, bounds.break_even_max_tokens)))
+
+
+def continue_limit(c: Coefficients, bounds: Bounds) -> int:
+    """Longest suffix the continue path may take (0 when it is off): the hard bound, or less
+    where D's co-running streams would wait longer than the ITL budget.
+
+    The wait is estimated as the continue turn's own cost on D, `d_fixed + d_compute * suffix`:
+    on the CPU engine the longest extra gap a co-running stream saw while D served a continue
+    turn matched that turn's time to first token on D within about 10 % at 16, 256 and 2,048
+    suffix tokens (`bench_paths.py`), fixed part included (the step that admits the request
+    also pays for its scheduling and its prefix-cache lookup)."""
+    if not bounds.continue_on_decode:
+        return 0
+    limit = bounds.continue_max_suffix_tokens
+    left = bounds.itl_budget_s - c.d_fixed_s
+    if left < 0:
+        return 0
+    if c.d_compute_s_per_token > 0:
+        limit = min(limit, math.floor(left / c.d_compute_s_per_token))
+    return max(0, limit)
+
+
+def decide(c: Coefficients, shape: Shape, bounds: Bounds) -> Choice:
+    """The cheapest allowed path for `shape` under `c` (see `CostModel.choose`)."""
+    estimate = c.costs(shape)
+    r, suffix = shape.reusable_tokens, shape.suffix_tokens
+    lo = max(bounds.floor_tokens, bounds.break_even_min_tokens)
+    notes: list[str] = []
+    allowed = [Path.RECOMPUTE]
+    if r > 0 and r >= lo:
+        allowed.append(Path.PULL)
+    else:
+        notes.append(f"no pull: reusable {r} < {lo}" if r else "no pull: nothing reusable")
+    forced = Path.PULL in allowed and r >= bounds.break_even_max_tokens
+    if forced:
+        notes.append(f"pull forced: reusable {r} >= {bounds.break_even_max_tokens}")
+    limit = continue_limit(c, bounds)
+    if shape.holder and 0 < suffix <= limit:
+        allowed.append(Path.CONTINUE)
+    elif shape.holder and bounds.continue_on_decode:
+        notes.append(f"no continue: suffix {suffix} not in 1..{limit}")
+    costs = {p: estimate[p] for p in _PREFERENCE if p in allowed}
+    best: Path | None = None
+    for p in costs:
+        if forced and p is Path.RECOMPUTE:
+            continue
+        if best is None or costs[p] < costs[best] - _TIE_S:
+            best = p
+    assert best is not None
+    shown = " ".join(f"{p}={s:.4f}s" for p, s in costs.items())
+    return Choice(best, costs, "; ".join([f"{best}: cheapest of {shown}", *notes]))
+
+
+def _valid(*values: float) -> bool:
+    return all(math.isfinite(x) and x >= 0 for x in values)
+
+
+class CostModel:
+    """The learned cost model: `choose` a path per turn, `observe_*` what each leg took."""
+
+    def __init__(
+        self,
+        priors: Coefficients | None = None,
+        *,
+        half_life: float = 200.0,
+        prior_weight: float = 20.0,
+        prior_floor: float = 1.0,
+    ) -> None:
+        p = priors or DEFAULT_PRIORS
+        values = [v for k, v in asdict(p).items() if k != "observations"]
+        if not _valid(*values):
+            raise ValueError(f"priors must be finite and >= 0, got {p}")
+        if not (half_life > 0 and prior_weight > 0 and 0 < prior_floor <= prior_weight):
+            raise ValueError("need half_life > 0 and 0 < prior_floor <= prior_weight")
+        opts = {"half_life": half_life, "prior_weight": prior_weight, "prior_floor": prior_floor}
+        # The pseudo-observations' shapes, in thousands of tokens: typical of each leg.
+        grid = (0.064, 1.0, 8.0)
+        pulls = [[1.0, c, float(r > 0), r] for c in grid for r in (0.0, 0.064, 1.0, 8.0)]
+        theta = [v / s for v, s in zip(values, _SCALE, strict=True)]
+        self._p = ForgettingFit(theta[:4], pulls, **opts)
+        self._d_first = ForgettingFit(theta[4:6], [[1.0, t] for t in grid], **opts)
+        self._d = ForgettingFit(theta[6:], [[1.0, t] for t in (0.016, 0.256, 1.0)], **opts)
+        self._cached: Coefficients | None = None
+
+    def choose(self, shape: Shape, bounds: Bounds) -> Choice:
+        """The cheapest allowed path. Recompute is always allowed; pull only when reusable >=
+        max(floor, break_even_min) and > 0, and then recompute never wins at or above
+        break_even_max; continue only when a decoder holds the history, the path is on and
+        0 < suffix <= continue_limit_tokens. Ties: pull, then recompute."""
+        return decide(self.coefficients(), shape, bounds)
+
+    def observe_prefill(self, computed_tokens: int, pulled_tokens: int, seconds: float) -> None:
+        """The P leg (the router's POST to P with max_tokens 1): P computed `computed_tokens`
+        (the suffix on pull, the prompt on recompute) and pulled `pulled_tokens` (0 on
+        recompute)."""
+        if _valid(computed_tokens, pulled_tokens, _MAX_OBSERVED_S - seconds, seconds):
+            x = [1.0, computed_tokens / _K, float(pulled_tokens > 0), pulled_tokens / _K]
+            self._p.add(x, seconds)
+            self._cached = None
+
+    def observe_decode_first(self, prompt_tokens: int, seconds: float) -> None:
+        """D's time to first token after P (its read of P's blocks and first step)."""
+        if _valid(prompt_tokens, _MAX_OBSERVED_S - seconds, seconds):
+            self._d_first.add([1.0, prompt_tokens / _K], seconds)
+            self._cached = None
+
+    def observe_continue(self, computed_tokens: int, seconds: float) -> None:
+        """D's time to first token on the continue path (it computed `computed_tokens`)."""
+        if _valid(computed_tokens, _MAX_OBSERVED_S - seconds, seconds):
+            self._d.add([1.0, computed_tokens / _K], seconds)
+            self._cached = None
+
+    def coefficients(self) -> Coefficients:
+        """The current estimates (the priors until observed), with observations per leg."""
+        if self._cached is None:
+            p, f, d = self._p.theta, self._d_first.theta, self._d.theta
+            counts = (self._p.count, self._d_first.count, self._d.count)
+            self._cached = Coefficients(
+                p_fixed_s=p[0],
+                p_compute_s_per_token=p[1] / _K,
+                p_pull_fixed_s=p[2],
+                p_pull_s_per_token=p[3] / _K,
+                d_first_fixed_s=f[0],
+                d_first_s_per_token=f[1] / _K,
+                d_fixed_s=d[0],
+                d_compute_s_per_token=d[1] / _K,
+                observations=dict(zip(_LEGS, counts, strict=True)),
+            )
+        return self._cached
+
+    def break_even_tokens(self, bounds: Bounds, suffix_tokens: int = 0) -> float:
+        """History length where pull and recompute cost the same, clamped to the bounds and the
+        floor. `suffix_tokens` is accepted for callers that know it: in this model both paths
+        compute the suffix on P alike, so it cancels."""
+        del suffix_tokens
+        return break_even(self.coefficients(), bounds)
+
+    def continue_limit_tokens(self, bounds: Bounds) -> int:
+        """Longest suffix the continue path may take (see `continue_limit`)."""
+        return continue_limit(self.coefficients(), bounds)

@@ -1,0 +1,483 @@
+"""The per-turn path choice (pull, recompute, continue) and the online fit of its costs: pure,
+table-tested, and fuzzed with hypothesis (never a disallowed path, never a negative or NaN
+coefficient, the break-even always within its bounds)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from boomerang.router import wls
+from boomerang.router.costmodel import (
+    DEFAULT_PRIORS,
+    Bounds,
+    Choice,
+    Coefficients,
+    CostModel,
+    Path,
+    Shape,
+    break_even,
+    continue_limit,
+    decide,
+)
+
+FLOOR = 64
+B = Bounds(floor_tokens=FLOOR)
+TRUE = Coefficients(
+    p_fixed_s=0.03,
+    p_compute_s_per_token=1e-4,
+    p_pull_fixed_s=0.021,
+    p_pull_s_per_token=2e-5,
+    d_first_fixed_s=0.005,
+    d_first_s_per_token=5e-6,
+    d_fixed_s=0.01,
+    d_compute_s_per_token=2e-4,
+)
+"""Synthetic engines: a pull costs 21 ms fixed, so pull pays from 262.5 tokens."""
+
+
+def coeffs(**changes: float) -> Coefficients:
+    return dataclasses.replace(TRUE, **changes)
+
+
+def shape(reusable: int, suffix: int = 40, holder: bool = False) -> Shape:
+    return Shape(reusable + suffix, reusable, holder)
+
+
+def allowed(s: Shape, b: Bounds, limit: int) -> set[Path]:
+    """The rules of the brief, restated independently of the implementation."""
+    out = {Path.RECOMPUTE}
+    if s.reusable_tokens > 0 and s.reusable_tokens >= max(b.floor_tokens, b.break_even_min_tokens):
+        out.add(Path.PULL)
+    if s.holder and b.continue_on_decode and 0 < s.suffix_tokens <= limit:
+        out.add(Path.CONTINUE)
+    return out
+
+
+# --- choose(): tables -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("floor", "reusable", "path"),
+    [
+        (64, 0, Path.RECOMPUTE),
+        (64, 63, Path.RECOMPUTE),
+        (64, 64, Path.PULL),
+        (64, 100_000, Path.PULL),
+        (0, 0, Path.RECOMPUTE),  # nothing to pull, whatever the floor
+        (0, 1, Path.PULL),
+        (1, 1, Path.PULL),
+        (4096, 4095, Path.RECOMPUTE),
+        (4096, 4096, Path.PULL),
+    ],
+)
+def test_priors_pull_exactly_when_the_engine_would(floor: int, reusable: int, path: Path) -> None:
+    for b in (Bounds(floor_tokens=floor), Bounds(floor_tokens=floor, continue_on_decode=False)):
+        for holder in (False, b.continue_on_decode is False):
+            assert CostModel().choose(shape(reusable, holder=holder), b).path is path
+
+
+def test_priors_take_continue_only_for_short_suffixes() -> None:
+    m = CostModel()
+    assert m.continue_limit_tokens(B) == 30  # (50 ms budget - 20 ms fixed) / 1 ms per token
+    assert m.choose(shape(4096, 16, holder=True), B).path is Path.CONTINUE
+    assert m.choose(shape(4096, 30, holder=True), B).path is Path.CONTINUE
+    assert m.choose(shape(4096, 31, holder=True), B).path is Path.PULL
+    assert m.choose(shape(64, 32, holder=True), B).path is Path.PULL  # pull is cheaper there
+
+
+def test_break_even_decides_between_pull_and_recompute() -> None:
+    c = coeffs()
+    assert break_even(c, B) == pytest.approx(262.5)
+    assert decide(c, shape(262), B).path is Path.RECOMPUTE
+    assert decide(c, shape(263), B).path is Path.PULL
+
+
+def test_break_even_min_raises_the_pull_threshold() -> None:
+    b = Bounds(floor_tokens=FLOOR, break_even_min_tokens=500)
+    free = coeffs(p_pull_fixed_s=0.0)
+    assert decide(free, shape(499), b).path is Path.RECOMPUTE
+    assert "no pull: reusable 499 < 500" in decide(free, shape(499), b).reason
+    assert decide(free, shape(500), b).path is Path.PULL
+
+
+def test_break_even_max_forces_pull_over_recompute() -> None:
+    dear = coeffs(p_pull_s_per_token=1e-3)  # pulling never pays
+    b = Bounds(floor_tokens=FLOOR, break_even_max_tokens=2000)
+    assert decide(dear, shape(1999), b).path is Path.RECOMPUTE
+    forced = decide(dear, shape(2000), b)
+    assert forced.path is Path.PULL and "pull forced" in forced.reason
+    assert forced.costs[Path.RECOMPUTE] < forced.costs[Path.PULL]  # reported, not taken
+    assert break_even(dear, b) == 2000.0
+
+
+def test_forced_pull_still_loses_to_continue() -> None:
+    b = Bounds(floor_tokens=FLOOR, break_even_max_tokens=100)
+    assert decide(TRUE, shape(4096, 8, holder=True), b).path is Path.CONTINUE
+
+
+def test_ties_go_to_pull_then_recompute() -> None:
+    even = coeffs(p_pull_fixed_s=0.0, p_pull_s_per_token=1e-4)  # pull == recompute
+    choice = decide(even, shape(1000), B)
+    assert choice.costs[Path.PULL] == pytest.approx(choice.costs[Path.RECOMPUTE])
+    assert choice.path is Path.PULL
+    # recompute == continue, pull not allowed
+    s = shape(10, 40, holder=True)
+    recompute = TRUE.costs(s)[Path.RECOMPUTE]
+    tie = coeffs(d_fixed_s=recompute - 40 * TRUE.d_compute_s_per_token)
+    assert decide(tie, s, B).path is Path.RECOMPUTE
+    assert decide(coeffs(d_fixed_s=tie.d_fixed_s - 1e-6), s, B).path is Path.CONTINUE
+
+
+@pytest.mark.parametrize(
+    ("bounds", "d_compute", "limit"),
+    [
+        (Bounds(floor_tokens=0), 1e-3, 50),
+        (Bounds(floor_tokens=0, itl_budget_s=0.1), 1e-3, 100),
+        (Bounds(floor_tokens=0, continue_max_suffix_tokens=30), 1e-3, 30),
+        (Bounds(floor_tokens=0), 1e-5, 1024),  # the hard bound
+        (Bounds(floor_tokens=0), 0.0, 1024),
+        (Bounds(floor_tokens=0, itl_budget_s=0.0), 1e-3, 0),
+        (Bounds(floor_tokens=0, continue_on_decode=False), 1e-5, 0),
+    ],
+)
+def test_continue_limit(bounds: Bounds, d_compute: float, limit: int) -> None:
+    c = coeffs(d_compute_s_per_token=d_compute, d_fixed_s=0.0)
+    assert continue_limit(c, bounds) == limit
+    if limit:
+        assert decide(c, shape(4096, limit, holder=True), bounds).path is Path.CONTINUE
+    assert decide(c, shape(4096, limit + 1, holder=True), bounds).path is not Path.CONTINUE
+
+
+def test_the_itl_budget_pays_for_ds_fixed_cost_first() -> None:
+    """D's co-running streams wait for the whole continue step, fixed part included."""
+    b = Bounds(floor_tokens=0, itl_budget_s=0.05)
+    assert continue_limit(coeffs(d_compute_s_per_token=1e-3, d_fixed_s=0.03), b) == 20
+    assert continue_limit(coeffs(d_compute_s_per_token=1e-3, d_fixed_s=0.06), b) == 0
+    assert continue_limit(coeffs(d_compute_s_per_token=0.0, d_fixed_s=0.06), b) == 0
+
+
+def test_continue_needs_a_holder_the_switch_and_a_suffix() -> None:
+    s = shape(4096, 8, holder=True)
+    assert decide(TRUE, s, B).path is Path.CONTINUE
+    assert decide(TRUE, dataclasses.replace(s, holder=False), B).path is Path.PULL
+    off = dataclasses.replace(B, continue_on_decode=False)
+    assert decide(TRUE, s, off).path is Path.PULL
+    whole = Shape(4096, 4096, True)  # nothing to compute: D cannot sample from its cache
+    assert Path.CONTINUE not in decide(TRUE, whole, B).costs
+
+
+def test_costs_list_the_allowed_paths_and_the_reason_names_the_choice() -> None:
+    choice = decide(TRUE, shape(10, holder=False), B)
+    assert set(choice.costs) == {Path.RECOMPUTE}
+    assert choice.reason.startswith("recompute: ")
+    full = decide(TRUE, shape(4096, 8, holder=True), B)
+    assert set(full.costs) == set(Path)
+    assert full.costs == {p: v for p, v in TRUE.costs(shape(4096, 8, True)).items()}
+
+
+def test_costs_follow_the_formulas() -> None:
+    s = Shape(5000, 4000, True)
+    pull = 0.03 + 1e-4 * 1000 + 0.021 + 2e-5 * 4000 + 0.005 + 5e-6 * 5000
+    recompute = 0.03 + 1e-4 * 5000 + 0.005 + 5e-6 * 5000
+    assert TRUE.costs(s) == pytest.approx(
+        {Path.PULL: pull, Path.RECOMPUTE: recompute, Path.CONTINUE: 0.01 + 2e-4 * 1000}
+    )
+
+
+@pytest.mark.parametrize(("prompt", "reusable"), [(-1, 0), (10, -1), (10, 11)])
+def test_impossible_shapes_are_refused(prompt: int, reusable: int) -> None:
+    with pytest.raises(ValueError):
+        Shape(prompt, reusable, False)
+
+
+def test_bad_bounds_are_refused() -> None:
+    with pytest.raises(ValueError):
+        Bounds(floor_tokens=-1)
+    with pytest.raises(ValueError):
+        Bounds(floor_tokens=0, itl_budget_s=math.nan)
+
+
+def test_break_even_is_clamped_to_floor_and_bounds() -> None:
+    assert break_even(coeffs(p_pull_fixed_s=0.0), B) == FLOOR
+    assert break_even(TRUE, Bounds(floor_tokens=1000)) == 1000
+    assert break_even(TRUE, Bounds(floor_tokens=0, break_even_min_tokens=300)) == 300
+    assert break_even(TRUE, Bounds(floor_tokens=0, break_even_max_tokens=100)) == 100
+    assert CostModel().break_even_tokens(B, suffix_tokens=500) == FLOOR
+
+
+def test_metrics_name_every_coefficient() -> None:
+    metrics = TRUE.as_metrics()
+    assert metrics["p_pull_fixed_s"] == 0.021
+    assert metrics["d_compute_s_per_token"] == 2e-4
+    assert set(metrics) == {f.name for f in dataclasses.fields(TRUE)} - {"observations"}
+    assert CostModel().coefficients().as_metrics() == DEFAULT_PRIORS.as_metrics()
+
+
+# --- learning ---------------------------------------------------------------------------------
+
+
+def feed(m: CostModel, c: Coefficients, n: int, rng: random.Random, noise: float = 0.05) -> None:
+    """n observations of each leg from engines that follow `c`, with log-normal noise."""
+    for _ in range(n):
+        computed, pulled = rng.randint(1, 8000), rng.choice([0, rng.randint(64, 8000)])
+        p = c.p_fixed_s + c.p_compute_s_per_token * computed
+        if pulled:
+            p += c.p_pull_fixed_s + c.p_pull_s_per_token * pulled
+        m.observe_prefill(computed, pulled, p * rng.lognormvariate(0, noise))
+        prompt = computed + pulled
+        d_first = c.d_first_fixed_s + c.d_first_s_per_token * prompt
+        m.observe_decode_first(prompt, d_first * rng.lognormvariate(0, noise))
+        suffix = rng.randint(1, 1024)
+        d = c.d_fixed_s + c.d_compute_s_per_token * suffix
+        m.observe_continue(suffix, d * rng.lognormvariate(0, noise))
+
+
+def test_learning_converges_to_the_engines_coefficients() -> None:
+    m = CostModel()
+    feed(m, TRUE, 3000, random.Random(1))
+    got = m.coefficients()
+    for name, want in TRUE.as_metrics().items():
+        tol = 0.06 if name.endswith("per_token") else 0.25
+        assert got.as_metrics()[name] == pytest.approx(want, rel=tol), name
+    assert got.observations == {"prefill": 3000, "decode_first": 3000, "continue": 3000}
+    assert m.break_even_tokens(B) == pytest.approx(262.5, rel=0.15)
+    assert m.continue_limit_tokens(B) == pytest.approx(200, rel=0.08)  # (50 - 10) ms / 0.2 ms
+    assert m.choose(shape(150), B).path is Path.RECOMPUTE  # below the learned break-even
+    assert m.choose(shape(400), B).path is Path.PULL
+
+
+def test_learning_follows_a_change_of_engines() -> None:
+    m, rng = CostModel(half_life=100.0), random.Random(2)
+    feed(m, TRUE, 1000, rng)
+    slower = coeffs(p_compute_s_per_token=3e-4, d_compute_s_per_token=1e-3)
+    feed(m, slower, 1500, rng)
+    got = m.coefficients()
+    assert got.p_compute_s_per_token == pytest.approx(3e-4, rel=0.08)
+    assert got.d_compute_s_per_token == pytest.approx(1e-3, rel=0.08)
+
+
+def test_a_handful_of_noisy_points_does_not_flip_the_choice() -> None:
+    rng = random.Random(3)
+    for _ in range(50):
+        m = CostModel()
+        for _ in range(3):
+            computed, pulled = rng.randint(1, 4000), rng.choice([0, rng.randint(64, 4000)])
+            prior = DEFAULT_PRIORS.costs(Shape(computed + pulled, pulled, False))
+            p = prior[Path.PULL if pulled else Path.RECOMPUTE] - 0.01 - 2e-5 * (computed + pulled)
+            m.observe_prefill(computed, pulled, p * rng.uniform(0.5, 2.0))
+        for r in (FLOOR, 128, 256, 1024, 8192):
+            assert m.choose(shape(r), B).path is Path.PULL
+
+
+def test_one_shape_only_keeps_the_fit_well_posed() -> None:
+    m = CostModel()
+    for _ in range(2000):
+        m.observe_prefill(40, 4096, 0.5)
+    c = m.coefficients()
+    predicted = c.p_fixed_s + 40 * c.p_compute_s_per_token + c.p_pull_fixed_s
+    assert predicted + 4096 * c.p_pull_s_per_token == pytest.approx(0.5, rel=0.01)
+    assert all(math.isfinite(v) and v >= 0 for v in c.as_metrics().values())
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [(-1, 0, 0.1), (10, -5, 0.1), (10, 0, -0.1), (10, 0, math.nan), (10, 0, math.inf), (1, 0, 4e3)],
+)
+def test_bad_observations_are_ignored(bad: tuple[int, int, float]) -> None:
+    m = CostModel()
+    m.observe_prefill(*bad)
+    m.observe_decode_first(min(bad[0], bad[1]), bad[2])
+    m.observe_continue(min(bad[0], bad[1]), bad[2])
+    if min(bad[0], bad[1]) >= 0:  # only the seconds are bad: both other legs must ignore them
+        assert m.coefficients().observations["continue"] == 0
+    assert m.coefficients() == dataclasses.replace(
+        DEFAULT_PRIORS, observations={"prefill": 0, "decode_first": 0, "continue": 0}
+    )
+
+
+def test_observed_costs_can_reach_zero_but_never_below() -> None:
+    m = CostModel()
+    for i in range(500):
+        m.observe_continue(i % 1000 + 1, 0.0)  # instant: the fit wants zero, not negative
+    c = m.coefficients()
+    assert c.d_fixed_s >= 0 and c.d_compute_s_per_token >= 0
+    assert c.d_compute_s_per_token < DEFAULT_PRIORS.d_compute_s_per_token / 50
+
+
+def test_bad_priors_are_refused() -> None:
+    with pytest.raises(ValueError):
+        CostModel(coeffs(p_fixed_s=-1.0))
+    with pytest.raises(ValueError):
+        CostModel(half_life=0.0)
+
+
+# --- properties -------------------------------------------------------------------------------
+
+tokens = st.integers(min_value=0, max_value=200_000)
+seconds = st.one_of(
+    st.floats(min_value=0, max_value=100, allow_nan=False),
+    st.sampled_from([math.nan, math.inf, -math.inf, -1.0, 0.0, 1e-300, 1e300]),
+)
+bounds = st.builds(
+    Bounds,
+    floor_tokens=st.integers(0, 10_000),
+    break_even_min_tokens=st.integers(0, 10_000),
+    break_even_max_tokens=st.integers(0, 1_000_000),
+    continue_on_decode=st.booleans(),
+    continue_max_suffix_tokens=st.integers(0, 4096),
+    itl_budget_s=st.floats(0, 1, allow_nan=False),
+)
+shapes = st.builds(
+    lambda prompt, frac, holder: Shape(prompt, int(prompt * frac), holder),
+    tokens,
+    st.floats(0, 1),
+    st.booleans(),
+)
+observations = st.lists(
+    st.tuples(st.sampled_from(["prefill", "first", "continue"]), tokens, tokens, seconds),
+    max_size=25,
+)
+
+
+def trained(obs: list[tuple[str, int, int, float]]) -> CostModel:
+    m = CostModel(half_life=20.0)
+    for leg, a, b, s in obs:
+        if leg == "prefill":
+            m.observe_prefill(a, b if b % 2 else 0, s)
+        elif leg == "first":
+            m.observe_decode_first(a, s)
+        else:
+            m.observe_continue(a, s)
+    return m
+
+
+@settings(max_examples=150, deadline=None)
+@given(obs=observations, s=shapes, b=bounds)
+def test_any_observations_keep_the_model_sane(
+    obs: list[tuple[str, int, int, float]], s: Shape, b: Bounds
+) -> None:
+    m = trained(obs)
+    c = m.coefficients()
+    assert all(math.isfinite(v) and v >= 0 for v in c.as_metrics().values())
+    limit = m.continue_limit_tokens(b)
+    assert 0 <= limit <= b.continue_max_suffix_tokens
+    choice: Choice = m.choose(s, b)
+    permitted = allowed(s, b, limit)
+    assert choice.path in permitted
+    assert set(choice.costs) == permitted
+    assert all(math.isfinite(v) and v >= 0 for v in choice.costs.values())
+    lo = max(b.floor_tokens, b.break_even_min_tokens)
+    be = m.break_even_tokens(b)
+    assert lo <= be <= max(lo, b.break_even_max_tokens)
+
+
+@settings(max_examples=200, deadline=None)
+@given(obs=observations, s=shapes, b=bounds)
+def test_without_continue_pull_is_taken_exactly_from_the_break_even(
+    obs: list[tuple[str, int, int, float]], s: Shape, b: Bounds
+) -> None:
+    m = trained(obs)
+    s = dataclasses.replace(s, holder=False)
+    be = m.break_even_tokens(b)
+    r = s.reusable_tokens
+    gap = m.coefficients().costs(s)
+    if abs(gap[Path.PULL] - gap[Path.RECOMPUTE]) < 1e-6 and r < b.break_even_max_tokens:
+        return  # at the break-even itself rounding decides
+    assert (m.choose(s, b).path is Path.PULL) == (r > 0 and r >= be)
+
+
+# --- the loop: choose, run, observe -----------------------------------------------------------
+
+
+def serve(m: CostModel, s: Shape, engines: Coefficients, rng: random.Random) -> Path:
+    """One turn: the model chooses, the synthetic engines take that long, the model observes."""
+    path = m.choose(s, B).path
+    noisy = {p: v * rng.lognormvariate(0, 0.05) for p, v in engines.costs(s).items()}
+    d_first = engines.d_first_fixed_s + engines.d_first_s_per_token * s.prompt_tokens
+    if path is Path.CONTINUE:
+        m.observe_continue(s.suffix_tokens, noisy[path])
+    else:
+        pulled = s.reusable_tokens if path is Path.PULL else 0
+        m.observe_prefill(s.prompt_tokens - pulled, pulled, noisy[path] - d_first)
+        m.observe_decode_first(s.prompt_tokens, d_first * rng.lognormvariate(0, 0.05))
+    return path
+
+
+def test_the_loop_learns_the_cheapest_path_without_exploring() -> None:
+    """From the priors, serving the chosen path alone (first turns recompute: no history)
+    teaches the model enough to choose like an oracle that knows the engines."""
+    rng, m = random.Random(4), CostModel()
+    for _ in range(3000):
+        history = rng.choice([0, rng.randint(16, 8000)])
+        suffix = rng.choice([rng.randint(1, 64), rng.randint(1, 2000)])
+        serve(m, Shape(history + suffix, history, history > 0), TRUE, rng)
+    agree = 0
+    for _ in range(1000):
+        history, suffix = rng.randint(16, 8000), rng.randint(1, 2000)
+        s = Shape(history + suffix, history, True)
+        oracle = decide(TRUE, s, B)
+        agree += m.choose(s, B).path is oracle.path
+    assert agree >= 950
+
+
+# --- the fit (wls.py) -------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(
+        st.lists(st.floats(-10, 10, allow_nan=False), min_size=4, max_size=4),
+        min_size=4,
+        max_size=12,
+    ),
+    v=st.lists(st.floats(-100, 100, allow_nan=False), min_size=4, max_size=4),
+)
+def test_the_nonnegative_solution_is_the_best_feasible_point(
+    rows: list[list[float]], v: list[float]
+) -> None:
+    """Against brute force: the KKT point found is the feasible point of least objective."""
+    m = [
+        [sum(r[i] * r[j] for r in rows) + (1.0 if i == j else 0.0) for j in range(4)]
+        for i in range(4)
+    ]
+    theta = wls.nonnegative_solve(m, v)
+
+    def objective(t: list[float]) -> float:
+        return sum(t[i] * m[i][j] * t[j] for i in range(4) for j in range(4)) - 2 * sum(
+            a * b for a, b in zip(v, t, strict=True)
+        )
+
+    assert min(theta) >= 0
+    for k in range(5):
+        for free in itertools.combinations(range(4), k):
+            x = (
+                wls.solve([[m[i][j] for j in free] for i in free], [v[i] for i in free])
+                if k
+                else []
+            )
+            if x is None or (x and min(x) < 0):
+                continue
+            t = [0.0] * 4
+            for i, xi in zip(free, x, strict=True):
+                t[i] = xi
+            assert objective(theta) <= objective(t) + 1e-6 * (1 + abs(objective(t)))
+
+
+def test_a_fit_without_data_is_its_prior_and_forgets_old_data() -> None:
+    fit = wls.ForgettingFit(
+        [1.0, 2.0], [[1.0, 0.0], [1.0, 1.0]], half_life=10.0, prior_weight=5.0, prior_floor=1e-4
+    )
+    assert fit.theta == [1.0, 2.0] and fit.count == 0
+    for i in range(200):
+        fit.add([1.0, float(i % 3)], 3.0 + 1.0 * (i % 3))
+    assert fit.theta == pytest.approx([3.0, 1.0], rel=1e-3)
+    for i in range(200):
+        fit.add([1.0, float(i % 3)], 1.0 + 4.0 * (i % 3))
+    assert fit.theta == pytest.approx([1.0, 4.0], rel=1e-3)
