@@ -2,7 +2,8 @@
 
 Run: `make bench-router [ARGS="--rate 500 --no-pin"]` (~2 min, 2 cores,
 plus the memory table; `--memory-only` prints just that table, about 4 min on 2 busy cores;
-`--no-memory` leaves it out). `--stream` makes every turn a streamed one (see below).
+`--no-memory` leaves it out, `--saturation-only` the fixed-load table too). `--stream` makes
+every turn a streamed one (see below).
 
 Three processes, on uvloop when it is installed: the fake P and D engines (testing.py's
 `FakeEngine`, both in one process), the router (`boomerang-router`, as deployed) and this load
@@ -35,7 +36,9 @@ vLLM >= 0.33 does, one chunk per token (the first chunk carries the role and the
 ids, the last the finish reason and D's kv_transfer_params), so a turn is 18 SSE events with
 `[DONE]`. The router passes D's stream through; the load generator reads it to its end (latency
 is to the last byte), assembles the reply for the next turn's history and checks that no
-engine-internal field reached it. Direct rounds stream from D the same way.
+engine-internal field reached it. Direct rounds stream from D the same way. The fake D writes
+its chunks back to back; `--chunk-delay-ms` spaces them as a real D's decode steps do, so that
+each event reaches the router in a read of its own (the costly case for a relay).
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ def _use_uvloop() -> str:
     return "uvloop"
 
 
-async def _serve_engines(p_port: int, d_port: int) -> None:
+async def _serve_engines(p_port: int, d_port: int, chunk_delay_s: float = 0.0) -> None:
     """The fake P and D engines; both also answer GET /fabric (pulls, declines, violations)."""
     fabric = Fabric()
 
@@ -97,6 +100,7 @@ async def _serve_engines(p_port: int, d_port: int) -> None:
             version="0.33.0",  # streams D's params on the final chunk, as vLLM >= 0.33
             stream_params=True,
             chunk_per_token=True,
+            chunk_delay_s=chunk_delay_s,
         )
         app = FakeEngine(spec).app()
         app.router.add_get("/fabric", report)
@@ -293,7 +297,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--memory-only", action="store_true", help="print only the memory table")
     ap.add_argument("--no-memory", action="store_true", help="leave the memory table out")
     ap.add_argument(
+        "--saturation-only", action="store_true", help="only the closed-loop (CPU) table"
+    )
+    ap.add_argument(
         "--stream", action="store_true", help=f"streamed turns of {STREAM_TOKENS} tokens"
+    )
+    ap.add_argument(
+        "--chunk-delay-ms",
+        type=float,
+        default=0.0,
+        help="with --stream: D pauses this long between chunks (as a real D's decode steps)",
     )
     ap.add_argument("--serve-engines", nargs=2, type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -302,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     loop_name = _use_uvloop()
     if args.serve_engines:
-        asyncio.run(_serve_engines(*args.serve_engines))
+        asyncio.run(_serve_engines(*args.serve_engines, args.chunk_delay_ms / 1e3))
         return
     cpus = sorted(os.sched_getaffinity(0))
     pin = len(cpus) >= 2 if args.pin is None else args.pin
@@ -312,7 +325,8 @@ def main(argv: list[str] | None = None) -> None:
         os.sched_setaffinity(0, cpus[1:])  # the load generator, and the engines it spawns
     ports = [str(free_port()) for _ in range(3)]
     url = {role: f"http://127.0.0.1:{port}" for role, port in zip("pdr", ports, strict=True)}
-    engines = _spawn(["-m", "router_bench", "--serve-engines", *ports[:2]], None)
+    delay = ["--chunk-delay-ms", str(args.chunk_delay_ms)]
+    engines = _spawn(["-m", "router_bench", "--serve-engines", *ports[:2], *delay], None)
     flags = ["--host", "127.0.0.1", "--port", ports[2], "--log-level", "WARNING"]
     flags += ["--prefill", url["p"], "--decode", url["d"]]
     router = _spawn(["-m", "boomerang.router", *flags], cpus[:1] if pin else None)
@@ -325,7 +339,9 @@ def main(argv: list[str] | None = None) -> None:
             Mode("router", {"router": url["r"]}),
         )
         pids = {"router": router.pid, "engines": engines.pid}
-        status = _run(Bench(modes, pids, args.rate, args.stream), loop_name, not args.no_memory)
+        bench = Bench(modes, pids, args.rate, args.stream)
+        memory = not (args.no_memory or args.saturation_only)
+        status = _run(bench, loop_name, memory, fixed_load=not args.saturation_only)
     finally:
         for proc in (router, engines):
             proc.terminate()
@@ -333,7 +349,7 @@ def main(argv: list[str] | None = None) -> None:
     raise SystemExit(status)
 
 
-def _run(bench: Bench, loop_name: str, memory: bool = True) -> int:
+def _run(bench: Bench, loop_name: str, memory: bool = True, fixed_load: bool = True) -> int:
     where = {name: os.sched_getaffinity(pid) for name, pid in bench.pids.items()}
     where["load generator"] = os.sched_getaffinity(0)
     cpus = {name: ",".join(map(str, sorted(c))) for name, c in where.items()}
@@ -347,7 +363,8 @@ def _run(bench: Bench, loop_name: str, memory: bool = True) -> int:
     gc.freeze()  # as in the engines: full collections skip the startup objects
     print(f"load average before: {os.getloadavg()[0]:.2f}")
     _table(bench, fixed_load=False)
-    _table(bench, fixed_load=True)
+    if fixed_load:
+        _table(bench, fixed_load=True)
     problems = _checks(bench)
     print(f"load average after: {os.getloadavg()[0]:.2f}\n")
     if memory:

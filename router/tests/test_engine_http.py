@@ -217,6 +217,91 @@ async def test_a_stream_arrives_in_pieces_then_the_connection_is_reused(
         await server.close()
 
 
+class Callbacks:
+    """What a diverted body gave its callbacks."""
+
+    def __init__(self) -> None:
+        self.pieces: list[bytes] = []
+        self.ends: list[BaseException | None] = []
+        self.ended = asyncio.Event()
+
+    def on_data(self, data: bytes) -> None:
+        self.pieces.append(data)
+
+    def on_end(self, exc: BaseException | None) -> None:
+        self.ends.append(exc)
+        self.ended.set()
+
+
+async def test_a_diverted_stream_goes_to_callbacks_read_by_read_then_the_connection_is_reused(
+    engines: HttpClient,
+) -> None:
+    async def events(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        for i in range(4):
+            await resp.write(b"data: %d\n\n" % i)
+            await asyncio.sleep(0.02)
+        await resp.write_eof()
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/s", events)
+    server, url = await _serve(app)
+    try:
+        resp = await engines.stream("POST", url + "/s", b"{}", LIMITS, headers_s=1.0)
+        first = await anext(resp.iter_any())  # read by a task first, then diverted
+        got = Callbacks()
+        resp.divert(got.on_data, got.on_end)
+        await asyncio.wait_for(got.ended.wait(), 2.0)
+        resp.release()
+        assert first + b"".join(got.pieces) == b"".join(b"data: %d\n\n" % i for i in range(4))
+        assert len(got.pieces) >= 2 and b"" not in got.pieces  # as they came, one per read
+        assert got.ends == [None]
+        assert await engines.request("POST", url + "/s", b"{}", LIMITS) == (
+            200,
+            first + b"".join(got.pieces),
+        )
+    finally:
+        await server.close()
+
+
+async def test_a_diverted_stream_past_its_limit_or_cut_off_ends_with_the_failure(
+    engines: HttpClient,
+) -> None:
+    server, url = await raw_server(trickle)
+    try:
+        limits = Limits(total=0.3, connect=1.0)
+        resp = await engines.stream("POST", url + "/", b"{}", limits, headers_s=1.0)
+        got = Callbacks()
+        resp.divert(got.on_data, got.on_end)
+        await asyncio.wait_for(got.ended.wait(), 2.0)
+        resp.release()
+        assert len(got.ends) == 1 and isinstance(got.ends[0], TimeoutError)
+        assert set(b"".join(got.pieces)) == {ord("x")}
+    finally:
+        server.close()
+    head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n"
+
+    async def cut_off(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(head)
+        await writer.drain()
+        writer.close()  # mid-body
+
+    server, url = await raw_server(cut_off)
+    try:
+        resp = await engines.stream("POST", url + "/", b"{}", LIMITS, headers_s=1.0)
+        got = Callbacks()
+        resp.divert(got.on_data, got.on_end)
+        await asyncio.wait_for(got.ended.wait(), 2.0)
+        resp.release()
+        assert b"".join(got.pieces) == b"hello"
+        assert len(got.ends) == 1 and isinstance(got.ends[0], HttpError)
+    finally:
+        server.close()
+
+
 async def test_a_body_larger_than_the_read_buffer_arrives_whole_to_a_slow_reader(
     engines: HttpClient,
 ) -> None:

@@ -6,7 +6,6 @@ engine's fields), fed with scripted engine streams instead of a fake engine."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import orjson
@@ -95,33 +94,51 @@ def test_a_long_event_in_many_reads_is_joined_once() -> None:
 
 
 class ScriptedStream:
-    """An engine stream that yields the given pieces (an Exception piece is raised, an Event
-    is waited for)."""
+    """An engine stream that delivers the given pieces, one read each, to the callbacks it is
+    diverted to (an Exception piece ends it with that failure, an Event is waited for)."""
 
     status = 200
 
     def __init__(self, pieces: list[Any]) -> None:
         self.pieces = pieces
+        self.task: asyncio.Task[None] | None = None
+        self.reading = asyncio.Event()
+        self.reading.set()
+        self.pauses = 0
 
-    async def iter_any(self) -> AsyncIterator[bytes]:
+    def divert(self, on_data: Any, on_end: Any) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._deliver(on_data, on_end))
+
+    async def _deliver(self, on_data: Any, on_end: Any) -> None:
         for piece in self.pieces:
+            await asyncio.sleep(0)  # each piece is a read of its own
+            await self.reading.wait()
             if isinstance(piece, BaseException):
-                raise piece
+                on_end(piece)
+                return
             if isinstance(piece, asyncio.Event):
                 await piece.wait()
                 continue
-            yield piece
+            on_data(piece)
+        on_end(None)
+
+    def pause_reading(self) -> None:
+        self.pauses += 1
+        self.reading.clear()
+
+    def resume_reading(self) -> None:
+        self.reading.set()
 
 
 async def relay(
-    pieces: list[Any], keep_ids: bool = False, on_client: Any = None
+    pieces: list[Any], keep_ids: bool = False, on_client: Any = None, stream: Any = None
 ) -> tuple[bytes | UpstreamError, DecodeResult | None]:
     """Run a StreamRelay in a real aiohttp server; (what the client got, the result)."""
     results: list[DecodeResult] = []
+    stream = cast(EngineStream, stream or ScriptedStream(pieces))
 
     async def handler(request: web.Request) -> web.StreamResponse:
         try:
-            stream = cast(EngineStream, ScriptedStream(pieces))
             result = await StreamRelay(keep_ids, lambda: None).run(request, stream, 2.0)
         except UpstreamError as exc:
             return web.Response(status=502, text=f"{exc.kind}: {exc}")
@@ -246,3 +263,51 @@ async def test_a_failure_mid_stream_ends_it_with_an_error_event() -> None:
         events = [orjson.loads(d) for d in split_all([got])]
         assert events[0]["choices"][0]["delta"]["role"] == "assistant"
         assert events[-1]["error"]["code"] == 502
+
+
+async def test_d_is_not_read_while_the_client_is_behind_and_the_client_gets_every_byte() -> None:
+    big = "x" * 65536
+    events = [chunk(None, [1])] + [chunk(big, [i]) for i in range(256)]  # 16 MiB
+    raw = b"".join(sse.event(e) for e in events) + sse.DONE_EVENT
+    stream = ScriptedStream([sse.event(e) for e in events] + [sse.DONE_EVENT])
+
+    async def client_waits_for_the_pause(resp: Any) -> None:
+        for _ in range(500):  # past the socket buffers, the relay pauses D
+            if stream.pauses:
+                return
+            await asyncio.sleep(0.01)
+
+    got, result = await relay(
+        [], keep_ids=True, on_client=client_waits_for_the_pause, stream=stream
+    )
+    assert stream.pauses > 0
+    assert got == raw and result is not None and result.output_ids == list(range(256))
+
+
+async def test_d_is_read_again_when_its_stream_ends_while_the_client_is_behind() -> None:
+    events = [chunk(None, [1]), chunk("x" * (8 << 20), [2])]  # past the socket buffers
+    stream = ScriptedStream([sse.event(e) for e in events])  # no [DONE]: the body just ends
+
+    async def client_reads_late(resp: Any) -> None:
+        await asyncio.sleep(0.2)
+
+    got, result = await relay([], keep_ids=True, on_client=client_reads_late, stream=stream)
+    assert isinstance(got, bytes) and got.endswith(sse.DONE_EVENT) and result is not None
+    assert stream.pauses > 0 and stream.reading.is_set()  # the connection can be reused
+
+
+async def test_the_handler_task_does_not_wake_per_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = vllm_stream("abcdefghijklmnop")
+    reads = [event + b"\n\n" for event in raw.split(b"\n\n")[:-1]]  # one event per read
+    waits = 0
+    wait = StreamRelay._wait
+
+    async def counted(self: StreamRelay) -> None:
+        nonlocal waits
+        waits += 1
+        await wait(self)
+
+    monkeypatch.setattr(StreamRelay, "_wait", counted)
+    got, result = await relay(reads)
+    assert isinstance(got, bytes) and result is not None and len(result.output_ids) == 16
+    assert len(reads) == 18 and waits <= 3  # the first event, then the end: not one per read

@@ -12,12 +12,12 @@ flow because it is the only code that writes an answer to the client.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from boomerang.router import protocol, sse
 from boomerang.router.config import Timeouts
@@ -152,11 +152,15 @@ async def _send(request: web.Request, response: web.StreamResponse) -> None:
 class StreamRelay:
     """Passes D's stream through to the client, collecting what the next turn needs.
 
-    Every event is decoded (the ids and the reply are in each), but one that has nothing to
-    strip is passed on as D's own bytes, and what one read from D completes goes to the client
-    in one write, the end of the stream with it: each write is a system call and a pass
-    through aiohttp's writer, so a read that brought several events (D got ahead of a busy
-    router) costs one, and nothing is held back waiting for more.
+    The work is done in the engine connection's read callback (`EngineStream.divert`): what
+    one read from D brought is cut into events, each is decoded (the ids and the reply are in
+    each), and what the client sees of them goes to the client's socket in one write, there
+    and then: no task wakes per read (a future, two async generators and aiohttp's writer
+    each time, before). An event with nothing to strip goes on as D's own bytes. The
+    handler's task waits for the first event (a failure before it is an UpstreamError the
+    flow may retry elsewhere), writes it with the response's headers, then only wakes while
+    the client's buffer is full (D is not read meanwhile) and at the end, which it writes
+    with the last read's events and [DONE] in one write.
     """
 
     def __init__(self, keep_ids: bool, on_first: Callable[[], None]) -> None:
@@ -168,61 +172,149 @@ class StreamRelay:
         self._events = sse.EventSplitter()
         self._out: list[bytes] = []
         """What the client gets next, not yet written."""
+        self._started = False
+        """The first event came (the client may be answered)."""
+        self._tail: bytes | None = None
+        """D's stream is over: [DONE] or an error event, to write last."""
+        self._failure: BaseException | None = None
+        """What the task raises: D failed before its first event, or the client left."""
+        self._stream: EngineStream | None = None
+        self._client: sse.ChunkWriter | None = None
+        """Set once the response's headers went out: callbacks write from then on."""
+        self._paused = False
+        self._waiter: asyncio.Future[None] | None = None
 
     async def run(
         self, request: web.Request, resp: EngineStream, first_byte_s: float
     ) -> DecodeResult:
         """Relay until [DONE]; raises UpstreamError if D fails before the first event."""
-        pieces = resp.iter_any()
+        self._stream = resp
+        resp.divert(self._on_data, self._on_end)
         try:
             async with asyncio.timeout(first_byte_s):
-                events = await self._first_events(pieces)
-            first = sse.decode(events[0]) if events else None
+                while not (self._started or self._failure):
+                    await self._wait()
         except TimeoutError:
             raise UpstreamError("timeout", "no first event in time") from None
-        except ValueError as exc:
-            raise UpstreamError("protocol", f"stream failed: {exc!r}") from None
-        if not events:
-            raise UpstreamError("protocol", "empty stream")
+        if self._failure is not None:
+            raise self._failure
         out = web.StreamResponse(headers=SSE_HEADERS)
+        chunked = request.version >= HttpVersion11
+        if chunked:
+            out.enable_chunked_encoding()  # framed here too: callbacks write the chunks
         self.result.response = out
         try:
             await out.prepare(request)
             self.on_first()
-            await self._relay(out, events, first, pieces)
+            await self._answer(request, out, chunked)
         except ConnectionResetError:
             raise ClientGone() from None
         self._finish_reply()
         return self.result
 
-    async def _first_events(self, pieces: AsyncIterator[bytes]) -> list[bytes]:
-        """The events that the first read completing one completes (none: an empty stream)."""
-        async for piece in pieces:
-            if events := self._events.feed(piece):
-                return events
-        return self._events.close()
+    async def _answer(self, request: web.Request, out: web.StreamResponse, chunked: bool) -> None:
+        """Write the first events (with the headers), hand the writing to the callbacks, and
+        wait for the end; meanwhile, wait for the client whenever its buffer is full."""
+        if self._tail is None:
+            await out.write(self._take())  # through aiohttp: the headers go with it
+            if self._tail is None and self._failure is None:
+                self._client = sse.ChunkWriter(request, chunked)
+                self._write_out()
+        while self._tail is None and self._failure is None:
+            if self._paused:
+                await request.writer.drain()
+                self._paused = False
+                assert self._stream is not None
+                self._stream.resume_reading()
+            else:
+                await self._wait()
+        if self._paused:  # D's body ended while the client was behind
+            assert self._stream is not None
+            self._stream.resume_reading()  # its connection may be reused
+        if self._failure is not None:
+            raise self._failure
+        await out.write_eof(self._take() + (self._tail or b""))
 
-    async def _relay(
-        self, out: web.StreamResponse, events: list[bytes], first: Any, pieces: AsyncIterator[bytes]
-    ) -> None:
+    async def _wait(self) -> None:
+        self._waiter = asyncio.get_running_loop().create_future()
         try:
-            done = self._emit(events[0], first) or self._emit_all(events[1:])
-            if not done:
-                await out.write(self._take())
-                async for piece in pieces:  # one write per read: what it completed
-                    if self._emit_all(self._events.feed(piece)):
-                        break
-                    if self._out:
-                        await out.write(self._take())
-                else:
-                    self._emit_all(self._events.close())  # ended without [DONE]
-        except (UpstreamError, ValueError) as exc:
-            self._out.append(sse.error_event(f"decode engine failed mid-stream: {exc!r}", 502))
-            await out.write_eof(self._take())
-            self.result.finished = False
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    # -- from the engine connection's read callback -----------------------------------------
+
+    def _on_data(self, data: bytes) -> None:
+        """One read of D's stream: collect, queue what the client sees, write it if live."""
+        if self._tail is not None or self._failure is not None:
+            return  # after [DONE]: ignored
+        try:
+            if events := self._events.feed(data):
+                self._take_events(events)
+            if self._client is not None and self._tail is None:
+                self._write_out()
+        except Exception as exc:  # a bug: raised in the handler's task, not the event loop
+            self._failure = exc
+        if self._client is None or self._paused or self._tail or self._failure:
+            self._wake()  # only for what the task waits for: no wake-up per read
+
+    def _on_end(self, error: UpstreamError | None) -> None:
+        """D's stream ended (a failure, or the body's end with or without [DONE])."""
+        if self._tail is not None or self._failure is not None:
             return
-        self._out.append(sse.DONE_EVENT)
-        await out.write_eof(self._take())
+        try:
+            if error is None and (events := self._events.close()):
+                self._take_events(events)
+            if self._tail is not None or self._failure is not None:
+                pass
+            elif not self._started:
+                self._failure = error or UpstreamError("protocol", "empty stream")
+            elif error is not None:
+                self._fail_mid(error)
+            else:
+                self._tail = sse.DONE_EVENT  # ended without [DONE]
+        except Exception as exc:
+            self._failure = exc
+        self._wake()
+
+    def _take_events(self, events: list[bytes]) -> None:
+        """Collect from events and queue what the client sees of them, up to [DONE]."""
+        if not self._started:
+            try:
+                first = sse.decode(events[0])
+            except ValueError as exc:
+                self._failure = UpstreamError("protocol", f"stream failed: {exc!r}")
+                return
+            self._started = True
+            if self._emit(events[0], first):
+                self._tail = sse.DONE_EVENT
+                return
+            events = events[1:]
+        try:
+            if self._emit_all(events):
+                self._tail = sse.DONE_EVENT
+        except ValueError as exc:
+            self._fail_mid(exc)
+
+    def _fail_mid(self, exc: Exception) -> None:
+        """D failed after its first event: the client's stream ends with an error event."""
+        self._tail = sse.error_event(f"decode engine failed mid-stream: {exc!r}", 502)
+        self.result.finished = False
+
+    def _write_out(self) -> None:
+        """Write what is queued to the client's socket; pause D while the client is behind."""
+        assert self._client is not None and self._stream is not None
+        if not self._out:
+            return
+        if not self._client.write(self._take()):
+            self._failure = ClientGone()
+        elif self._client.full() and not self._paused:
+            self._paused = True
+            self._stream.pause_reading()
 
     def _take(self) -> bytes:
         """What is queued for the client, dequeued."""
@@ -253,8 +345,8 @@ class StreamRelay:
         was stripped (None: nothing of it is for the client)."""
         if not isinstance(chunk, dict):
             return None
-        params = protocol.kv_params_of(chunk)
-        if params is not None:
+        params: dict[str, Any] | None = None
+        if "kv_transfer_params" in chunk and (params := protocol.kv_params_of(chunk)):
             self.result.params = params
         if self.result.prompt_ids is None:
             self.result.prompt_ids = protocol.prompt_ids_of(chunk)

@@ -14,6 +14,9 @@ What the flow relies on:
 - Idle connections are dropped after `idle_s` (default 4 s, below uvicorn's 5 s keep-alive),
   so a request is rarely written into a connection the server is closing.
 - A cancelled or timed-out call closes its connection, which makes vLLM abort the request.
+
+A streamed body is read by a task (`iter_any`) or diverted to callbacks run from the
+connection's `data_received` (`divert`; see `engine_conn`).
 """
 
 from __future__ import annotations
@@ -25,21 +28,11 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import cast
 from urllib.parse import urlsplit
 
-import httptools
+from boomerang.router.engine_conn import ConnectError, Connection, HttpError, OnData, OnEnd
 
-_READ_HIGH_WATER = 1 << 20
-"""Buffered stream bytes above which the socket stops being read (the client is slow)."""
-
-
-class HttpError(Exception):
-    """The connection failed or the answer was not HTTP after the request was sent."""
-
-
-class ConnectError(HttpError):
-    """No connection was made: the engine never saw the request."""
+__all__ = ["ConnectError", "HttpClient", "HttpError", "Limits", "StreamedResponse"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,139 +64,6 @@ def _split(url: str) -> tuple[_Origin, str]:
     return _Origin(parts.hostname, port, tls, parts.netloc), path
 
 
-class _Connection(asyncio.Protocol):
-    """One keep-alive connection; carries one exchange at a time."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpResponseParser(self)
-        self.closed = False
-        self.idle_since = 0.0
-        self._headers: asyncio.Future[None] | None = None
-        self._chunks: collections.deque[bytes] = collections.deque()
-        self._wakeup: asyncio.Future[None] | None = None
-        self._reset()
-
-    def _reset(self) -> None:
-        """The per-exchange state, as before an answer's first byte."""
-        self.status = 0
-        self.complete = False
-        self.reusable = False
-        self._framed = False
-        """Whether the answer's length is known (Content-Length or chunked), not up to EOF."""
-        self._error: BaseException | None = None
-        self._chunks.clear()
-        self._buffered = 0
-
-    # -- asyncio.Protocol ----------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._fail(HttpError(f"malformed HTTP answer: {exc}"))
-            self.close()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        if self.complete:
-            return
-        if exc is None and self.status and not self._framed and self._error is None:
-            self.on_message_complete()  # a body without length or chunks ends at EOF
-            return
-        self._fail(HttpError(f"connection closed by the engine: {exc!r}"))
-
-    # -- httptools callbacks -------------------------------------------------------------
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() in (b"content-length", b"transfer-encoding"):
-            self._framed = True
-
-    def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
-        if self._headers is not None and not self._headers.done():
-            self._headers.set_result(None)
-
-    def on_body(self, body: bytes) -> None:
-        self._chunks.append(body)
-        self._buffered += len(body)
-        if self._buffered > _READ_HIGH_WATER and self.transport is not None:
-            self.transport.pause_reading()
-        self._wake()
-
-    def on_message_complete(self) -> None:
-        self.complete = True
-        self.reusable = self._framed and self.parser.should_keep_alive()
-        self._wake()
-
-    # -- exchange ------------------------------------------------------------------------
-
-    def send(self, request: bytes) -> None:
-        """Start an exchange: write the request and arm the waiters."""
-        assert self.transport is not None
-        self._reset()
-        self._headers = asyncio.get_running_loop().create_future()
-        self.transport.write(request)
-
-    async def headers(self) -> None:
-        """Wait for the status line and headers."""
-        assert self._headers is not None
-        await self._headers
-
-    async def next_chunk(self) -> bytes | None:
-        """The next body bytes, or None at the end of the answer."""
-        while not self._chunks:
-            if self.complete:
-                return None
-            if self._error is not None:
-                raise self._error
-            self._wakeup = asyncio.get_running_loop().create_future()
-            await self._wakeup
-        if len(self._chunks) == 1:
-            chunk = self._chunks.popleft()
-        else:  # what arrived together is read together (a stream's events: one relay write)
-            chunk = b"".join(self._chunks)
-            self._chunks.clear()
-        self._buffered -= len(chunk)
-        if self._buffered <= _READ_HIGH_WATER // 4 and self.transport is not None:
-            self.transport.resume_reading()
-        return chunk
-
-    async def body(self) -> bytes:
-        """The whole remaining body."""
-        parts = []
-        while (chunk := await self.next_chunk()) is not None:
-            parts.append(chunk)
-        return b"".join(parts)
-
-    def expire(self) -> None:
-        """The exchange ran out of time: fail its readers and drop the connection."""
-        self._fail(TimeoutError("the engine call took longer than its limit"))
-        self.close()
-
-    def close(self) -> None:
-        """Drop the connection (aborting whatever exchange is in flight)."""
-        self.closed = True
-        if self.transport is not None:
-            self.transport.close()
-
-    def _fail(self, exc: BaseException) -> None:
-        if self._error is not None:
-            return  # the first failure is the one to report
-        self._error = exc
-        if self._headers is not None and not self._headers.done():
-            self._headers.set_exception(exc)
-            self._headers.exception()  # retrieved: nobody may be waiting
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._wakeup is not None and not self._wakeup.done():
-            self._wakeup.set_result(None)
-
-
 class StreamedResponse:
     """An answer whose body is read as it arrives; `release()` must follow."""
 
@@ -211,7 +71,7 @@ class StreamedResponse:
         self,
         client: HttpClient,
         origin: _Origin,
-        conn: _Connection,
+        conn: Connection,
         timer: asyncio.TimerHandle | None,
     ) -> None:
         self._client, self._origin, self._conn = client, origin, conn
@@ -232,6 +92,22 @@ class StreamedResponse:
         while (chunk := await self._conn.next_chunk()) is not None:
             yield chunk
 
+    def divert(self, on_data: OnData, on_end: OnEnd) -> None:
+        """Read the rest of the body with callbacks instead of `iter_any`, run from the
+        connection's `data_received`: `on_data` gets each read's body bytes (in one piece),
+        `on_end` then gets None at the end of the body or the failure (HttpError, or
+        TimeoutError past the call's limit). Neither may raise; `release()` still follows, and
+        after it neither is called."""
+        self._conn.divert(on_data, on_end)
+
+    def pause_reading(self) -> None:
+        """Stop reading the engine's socket until `resume_reading()` (the reader is behind)."""
+        self._conn.pause_reading()
+
+    def resume_reading(self) -> None:
+        """Read the engine's socket again."""
+        self._conn.resume_reading()
+
     async def read(self) -> bytes:
         """The rest of the body."""
         return await self._conn.body()
@@ -245,6 +121,7 @@ class StreamedResponse:
         """Give the connection back if the answer was read to its end, else drop it."""
         if not self._released:
             self._released = True
+            self._conn.undivert()
             if self._timer is not None:
                 self._timer.cancel()
             self._client._release(self._origin, self._conn)
@@ -257,8 +134,8 @@ class HttpClient:
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self._extra_headers = extra
         self._idle_s = idle_s
-        self._idle: dict[_Origin, collections.deque[_Connection]] = {}
-        self._busy: set[_Connection] = set()
+        self._idle: dict[_Origin, collections.deque[Connection]] = {}
+        self._busy: set[Connection] = set()
         self._tls: ssl.SSLContext | None = None
 
     async def request(
@@ -339,7 +216,7 @@ class HttpClient:
             raise
         return StreamedResponse(self, origin, conn, timer)
 
-    async def _acquire(self, origin: _Origin, connect_s: float) -> _Connection:
+    async def _acquire(self, origin: _Origin, connect_s: float) -> Connection:
         idle = self._idle.get(origin)
         now = time.monotonic()
         while idle:
@@ -352,7 +229,7 @@ class HttpClient:
         self._busy.add(conn)
         return conn
 
-    async def _connect(self, origin: _Origin, connect_s: float) -> _Connection:
+    async def _connect(self, origin: _Origin, connect_s: float) -> Connection:
         loop = asyncio.get_running_loop()
         tls: ssl.SSLContext | None = None
         if origin.tls:
@@ -361,13 +238,13 @@ class HttpClient:
         try:
             async with asyncio.timeout(connect_s):
                 _, conn = await loop.create_connection(
-                    _Connection, origin.host, origin.port, ssl=tls
+                    Connection, origin.host, origin.port, ssl=tls
                 )
         except (OSError, TimeoutError) as exc:
             raise ConnectError(f"cannot connect to {origin.netloc}: {exc!r}") from None
         return conn
 
-    def _release(self, origin: _Origin, conn: _Connection) -> None:
+    def _release(self, origin: _Origin, conn: Connection) -> None:
         self._busy.discard(conn)
         if conn.closed or not (conn.complete and conn.reusable):
             conn.close()
@@ -377,7 +254,7 @@ class HttpClient:
         idle.append(conn)
         self._prune(idle, conn.idle_since)
 
-    def _prune(self, idle: collections.deque[_Connection], now: float) -> None:
+    def _prune(self, idle: collections.deque[Connection], now: float) -> None:
         """Close the connections idle for longer than `idle_s` (the oldest are at the left)."""
         while idle and (idle[0].closed or now - idle[0].idle_since >= self._idle_s):
             idle.popleft().close()

@@ -4,7 +4,8 @@ Two directions. Reading: vLLM sends `data: <json>` events separated by blank lin
 with `data: [DONE]`; `EventSplitter` cuts the bytes as they arrive into each event's data,
 still as bytes, so that the relay can pass an event the client may see unchanged through
 without encoding it again (a streamed turn is one event per token). Writing: either the
-engine's events passed through (after the router removed its internal fields), or, when D
+engine's events passed through (after the router removed its internal fields; `ChunkWriter`
+puts them on the client's socket from the engine connection's read callback), or, when D
 had to be called without streaming to keep its retained-KV params (vLLM < 0.33 streams
 none), a complete response re-emitted as chunks in OpenAI's streaming format: one chunk per
 choice carrying the whole delta and the finish reason, then the usage chunk if the client
@@ -17,6 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import orjson
+from aiohttp import web
 
 DONE = object()
 """Marker yielded for `data: [DONE]`."""
@@ -118,7 +120,7 @@ async def split_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 
 def decode(payload: bytes) -> Any:
     """An event's data as JSON, or DONE; raises ValueError if it is neither."""
-    if payload.strip() == b"[DONE]":
+    if payload[:1] != b"{" and payload.strip() == b"[DONE]":  # chunks: no strip to test
         return DONE
     return orjson.loads(payload)
 
@@ -129,6 +131,36 @@ def event(payload: Any) -> bytes:
 
 
 DONE_EVENT = b"data: [DONE]\n\n"
+
+
+class ChunkWriter:
+    """Writes a stream's events straight to the client's socket once aiohttp sent the
+    response's headers, from a callback where aiohttp's awaitable writer cannot be used: as
+    HTTP/1.1 chunks (HTTP/1.0: as they are, the body ends with the connection); aiohttp's
+    `write_eof` writes the end of the body."""
+
+    __slots__ = ("_chunked", "_high", "_transport", "_writer")
+
+    def __init__(self, request: web.Request, chunked: bool) -> None:
+        self._transport = request.transport
+        self._writer = request.writer
+        self._chunked = chunked
+        self._high = 0 if self._transport is None else self._transport.get_write_buffer_limits()[1]
+
+    def write(self, data: bytes) -> bool:
+        """Write `data` (not empty); False if the client is gone."""
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return False
+        if self._chunked:
+            data = b"%x\r\n%b\r\n" % (len(data), data)
+        transport.write(data)
+        self._writer.output_size += len(data)  # as aiohttp counts what it writes
+        return True
+
+    def full(self) -> bool:
+        """Whether the socket's buffer is past its high-water mark (aiohttp's writer waits)."""
+        return self._transport is not None and self._transport.get_write_buffer_size() > self._high
 
 
 def error_event(message: str, status: int) -> bytes:

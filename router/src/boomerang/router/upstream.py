@@ -13,7 +13,7 @@ The client behind it is `engine_http.HttpClient` (why not aiohttp's: README, Eng
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -79,12 +79,17 @@ def _transport_errors(timeout_message: str = "timed out") -> Iterator[None]:
     """The client's transport failures as UpstreamErrors (all retryable)."""
     try:
         yield
-    except ConnectError as exc:
-        raise UpstreamError("connect", str(exc)) from None
-    except TimeoutError:
-        raise UpstreamError("timeout", timeout_message) from None
-    except HttpError as exc:
-        raise UpstreamError("protocol", f"connection failed: {exc}") from None
+    except (HttpError, TimeoutError) as exc:
+        raise _classified(exc, timeout_message) from None
+
+
+def _classified(exc: BaseException, timeout_message: str) -> UpstreamError:
+    """One of the client's transport failures as an UpstreamError."""
+    if isinstance(exc, ConnectError):
+        return UpstreamError("connect", str(exc))
+    if isinstance(exc, TimeoutError):
+        return UpstreamError("timeout", timeout_message)
+    return UpstreamError("protocol", f"connection failed: {exc}")
 
 
 class EngineStream:
@@ -102,6 +107,22 @@ class EngineStream:
         with _transport_errors("the engine's answer took longer than its limit"):
             async for chunk in self._raw.iter_any():
                 yield chunk
+
+    def divert(
+        self, on_data: Callable[[bytes], None], on_end: Callable[[UpstreamError | None], None]
+    ) -> None:
+        """Read the rest of the body with callbacks run from the connection's read callback
+        instead of `iter_any` (`StreamedResponse.divert`); `on_end`'s failure is classified."""
+        late = "the engine's answer took longer than its limit"
+        self._raw.divert(on_data, lambda e: on_end(None if e is None else _classified(e, late)))
+
+    def pause_reading(self) -> None:
+        """Stop reading the engine's answer until `resume_reading()`."""
+        self._raw.pause_reading()
+
+    def resume_reading(self) -> None:
+        """Read the engine's answer again."""
+        self._raw.resume_reading()
 
     async def read(self) -> bytes:
         """The rest of the body."""
