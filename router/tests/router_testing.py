@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import fake_leases
 from aiohttp import web
 from fake_fabric import Fabric, Held
 from fake_responses import (
@@ -114,6 +115,17 @@ class EngineSpec:
     seen_return_token_ids: bool = False
     request_ids: list[str | None] = field(default_factory=list)
     """The `X-Request-Id` of every completion and tokenize call (when `record_calls`)."""
+    kv_blocks: int | None = None
+    """D's KV blocks in all (`num_gpu_blocks` of `vllm:cache_config_info`; None: not said)."""
+    lease_api: bool = True
+    """Serve the lease API of Boomerang's plugin (`fake_leases.py`); False: 404, no plugin."""
+    lease_token: str | None = None
+    """Its bearer token (None: lease control off, 403)."""
+    lease_status: int | None = None
+    """Answer every lease call with this HTTP status."""
+    lease_calls: list[str] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+    renewed: list[str] = field(default_factory=list)
 
 
 class FakeEngine:
@@ -134,12 +146,15 @@ class FakeEngine:
         app.router.add_get("/version", self._version)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/metrics", self._metrics)
+        fake_leases.add_routes(app, self.spec)
         return app
 
     async def _metrics(self, request: web.Request) -> web.Response:
         lines = ["# TYPE vllm:num_requests_running gauge", "vllm:num_requests_running 0.0"]
         if self.spec.block_size_metric:
             labels = f'cache_dtype="auto",block_size="{self.spec.block_size}",engine="0"'
+            if self.spec.kv_blocks is not None:
+                labels += f',num_gpu_blocks="{self.spec.kv_blocks}"'
             lines += [
                 "# TYPE vllm:cache_config_info gauge",
                 f"vllm:cache_config_info{{{labels}}} 1.0",

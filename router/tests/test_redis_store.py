@@ -89,6 +89,14 @@ async def test_block_hashes_round_trip_and_earlier_handles_still_take(store: Red
     assert await store.take(b"bad", time.time()) == ("missing", None)
 
 
+async def test_put_says_which_handle_it_replaced(store: RedisStore) -> None:
+    assert await store.put(b"k", handle(tag="old")) is None
+    replaced = await store.put(b"k", handle(tag="new"))
+    assert replaced is not None and replaced.params == b'{"x":"old"}'
+    await store._redis.set(store._name(b"bad"), b"garbage", px=60_000)
+    assert await store.put(b"bad", handle()) is None  # unreadable: nothing provably replaced
+
+
 async def test_concurrent_takes_give_the_handle_to_exactly_one(redis_url: str) -> None:
     stores = [RedisStore(redis_url, "race:") for _ in range(8)]
     await stores[0].put(b"k", handle())

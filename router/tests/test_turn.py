@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from boomerang.router import conversation as conv
-from boomerang.router.metrics import REUSE_OUTCOMES
+from boomerang.router.costmodel import Path
+from boomerang.router.metrics import PATHS, REUSE_OUTCOMES
 from boomerang.router.reuse import REJECTED, Outcome, Reuse
 from boomerang.router.turn import MOVES, IllegalMove, Stage, Turn
 from boomerang.router.validation import validate
@@ -46,6 +47,18 @@ def spend(accepted: bool) -> Step:
 
 def detach(t: Turn) -> None:
     t.detach()
+
+
+def decline(t: Turn) -> Any:
+    return t.decline()
+
+
+def continued(t: Turn) -> None:
+    t.continued = True  # the holder answered the turn itself (the flow sets it)
+
+
+def supersede(t: Turn) -> Any:
+    return t.supersede()
 
 
 def new_turn() -> Turn:
@@ -117,6 +130,30 @@ CASES = [
         0,
         False,
     ),
+    (
+        "recompute chosen: declined",
+        [take(), verify(HIT), decline],
+        Stage.RELEASED,
+        "fallback",
+        0,
+        False,
+    ),
+    (
+        "continued, D's new handle filed",
+        [take(), verify(HIT), continued, supersede],
+        Stage.RELEASED,
+        "hit",
+        20,
+        False,
+    ),
+    (
+        "continued, no new handle filed: the old one still holds",
+        [take(), verify(PARTIAL), continued],
+        Stage.RESTORED,
+        "partial",
+        8,
+        True,
+    ),
 ]
 
 
@@ -147,6 +184,10 @@ ILLEGAL = [
     ("unsent without a request", [take(), verify(HIT), unsent]),
     ("take twice", [take(), take()]),
     ("verify after it was restored", [take(), lambda t: t.restore(), verify(HIT)]),
+    ("decline what was not verified", [take(), decline]),
+    ("decline what P has", [take(), verify(HIT), attach, decline]),
+    ("decline twice", [take(), verify(HIT), decline, decline]),
+    ("supersede without continuing", [take(), verify(HIT), supersede]),
 ]
 
 
@@ -178,3 +219,37 @@ def test_no_move_leaves_the_table() -> None:
 
 def test_the_outcomes_are_the_metric_labels() -> None:
     assert tuple(Outcome) == REUSE_OUTCOMES
+
+
+PATH_CASES = [
+    ("nothing stored", [lambda t: t.take("missing", None, False)], Path.RECOMPUTE),
+    ("pulled", [take(), verify(HIT), attach, spend(True)], Path.PULL),
+    ("P declined it", [take(), verify(HIT), attach, spend(False)], Path.RECOMPUTE),
+    ("recompute chosen", [take(), verify(PARTIAL), decline], Path.RECOMPUTE),
+    ("continued", [take(), verify(PARTIAL), continued, supersede], Path.CONTINUE),
+]
+
+
+@pytest.mark.parametrize(
+    ("events", "path"), [c[1:] for c in PATH_CASES], ids=[c[0] for c in PATH_CASES]
+)
+def test_a_turn_counts_the_path_that_served_it(events: list[Step], path: Path) -> None:
+    turn = new_turn()
+    for event in events:
+        event(turn)
+    turn.restore()
+    assert turn.path is path
+    assert turn.summary()["path"] == str(path)
+
+
+def test_the_paths_are_the_metric_labels() -> None:
+    assert tuple(Path) == PATHS
+
+
+def test_decline_and_supersede_hand_over_the_handle_once() -> None:
+    turn = new_turn()
+    take()(turn)
+    turn.verify(HIT)
+    assert turn.decline() is HANDLE
+    assert turn.attach() is None  # a declined handle is never offered to P
+    assert turn.restore() is None

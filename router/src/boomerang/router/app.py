@@ -1,8 +1,13 @@
 """The aiohttp application: routes, middlewares and the lifecycle of everything a router holds.
 
 `create_app(config)` is the only way in: no module globals, one engine client per app,
-resources (store, session, discovery watchers, health prober, expiry sweeper, API keys poller)
-opened and closed in `cleanup_ctx`, state under typed `AppKey`s. The completion endpoints take
+resources (store, session, discovery watchers, health prober, expiry sweeper, API keys poller,
+tuning reload, the retention sweeper and its lease client) opened and closed in `cleanup_ctx`,
+state under typed `AppKey`s. Besides the OpenAI endpoints: `GET /boomerang/v1/state` (what is
+in force: mode, break-even, paths, retention; no API key, like `/metrics`), and, under the
+API key and scoped to its tenant, `DELETE /boomerang/v1/conversations/{id}` (end it: D's
+blocks are released now) and `POST /boomerang/v1/conversations/{id}/renew` (keep it longer:
+D's lease is renewed up to its ceiling), both in either tuning mode. The completion endpoints take
 an in-flight slot (`admission.py`) after authentication and before the body is read. Tests
 and the local runtime start it in-process; `boomerang-router` runs it with `web.run_app` (with
 handler cancellation on, so a client disconnect cancels the upstream calls).
@@ -12,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -21,6 +28,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from boomerang.router import auth, degraded, logs
+from boomerang.router import conversation as conv
 from boomerang.router.admission import InflightLimit, Overloaded
 from boomerang.router.config import EndpointSource, RouterConfig
 from boomerang.router.decode import ClientGone
@@ -29,8 +37,10 @@ from boomerang.router.endpoints import LeastWorkAffinity, Pool, Strategy
 from boomerang.router.errors import ApiError
 from boomerang.router.flow import Router
 from boomerang.router.health import probe_all, run_prober
+from boomerang.router.leases import LeaseClient, LeaseFailure, Retention
 from boomerang.router.metrics import Metrics
 from boomerang.router.store import ConversationStore, MemoryStore
+from boomerang.router.tuning import TuningReload
 from boomerang.router.upstream import EngineClient, UpstreamError, get_json, timeout
 from boomerang.router.validation import Kind, check_model, parse_json, validate
 
@@ -39,9 +49,11 @@ log = logging.getLogger("boomerang.router")
 CONFIG = web.AppKey("config", RouterConfig)
 METRICS = web.AppKey("metrics", Metrics)
 ROUTER = web.AppKey("router", Router)
+RETENTION = web.AppKey("retention", Retention)
 KEYS = web.AppKey("api_keys", auth.KeyFile)
 INFLIGHT = web.AppKey("inflight", InflightLimit)
 REQUEST_ID = web.RequestKey("request_id", str)
+API = "/boomerang/v1"
 
 
 def create_app(
@@ -66,6 +78,9 @@ def create_app(
     app.router.add_get("/health", _health)
     app.router.add_get("/ready", _ready)
     app.router.add_get("/metrics", _metrics)
+    app.router.add_get(f"{API}/state", _state)
+    app.router.add_delete(f"{API}/conversations/{{conversation_id}}", _end_conversation)
+    app.router.add_post(f"{API}/conversations/{{conversation_id}}/renew", _renew_conversation)
     return app
 
 
@@ -103,6 +118,10 @@ def _lifecycle(strategy: Strategy | None, store: ConversationStore | None) -> An
         engines = EngineClient(headers)
         session = aiohttp.ClientSession()  # the Kubernetes API (EndpointSlice watches)
         the_store = store or _make_store(config)
+        leases = LeaseClient(config)
+        retention = app[RETENTION] = Retention(
+            config, the_store, leases, metrics, decoders=partial(_kv_blocks, pools[1])
+        )
         app[ROUTER] = Router(
             config,
             pools[0],
@@ -111,32 +130,53 @@ def _lifecycle(strategy: Strategy | None, store: ConversationStore | None) -> An
             the_store,
             metrics,
             engines,
+            retention=retention,
         )
-        tasks = [
-            t
-            for t in (
-                _static_or_watch(config.prefill, pools[0], session),
-                _static_or_watch(config.decode, pools[1], session),
-            )
-            if t is not None
-        ]
+        tasks = _watchers(config, pools, session)
         await probe_all(engines, pools, config, metrics)
-        tasks.append(asyncio.create_task(run_prober(engines, pools, config, metrics)))
-        tasks.append(asyncio.create_task(_sweeper(the_store, config, metrics)))
-        if KEYS in app:
-            poll = _key_poller(app[KEYS], config.api_keys_poll_s, metrics)
-            tasks.append(asyncio.create_task(poll))
+        tasks += _background(app, engines, pools, the_store)
         try:
             yield
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await retention.close()
+            await leases.close()
             await the_store.close()
             await session.close()
             await engines.close()
 
     return lifecycle
+
+
+def _kv_blocks(decode: Pool) -> dict[str, int | None]:
+    """Each decode engine's KV cache size in blocks, as its `/metrics` said."""
+    return {ep.url: ep.kv_blocks for ep in decode.endpoints.values()}
+
+
+def _watchers(
+    config: RouterConfig, pools: list[Pool], session: aiohttp.ClientSession
+) -> list[asyncio.Task[None]]:
+    sources = ((config.prefill, pools[0]), (config.decode, pools[1]))
+    return [t for src, pool in sources if (t := _static_or_watch(src, pool, session))]
+
+
+def _background(
+    app: web.Application, engines: EngineClient, pools: list[Pool], store: ConversationStore
+) -> list[asyncio.Task[None]]:
+    """The loops that run for the app's lifetime: probes, store sweeps, key and tuning
+    reloads, retention."""
+    config, metrics = app[CONFIG], app[METRICS]
+    jobs = [
+        run_prober(engines, pools, config, metrics),
+        _sweeper(store, config, metrics),
+        TuningReload(config, metrics).run(),
+        app[RETENTION].run(),
+    ]
+    if KEYS in app:
+        jobs.append(_key_poller(app[KEYS], config.api_keys_poll_s, metrics))
+    return [asyncio.create_task(job) for job in jobs]
 
 
 async def _sweeper(store: ConversationStore, config: RouterConfig, metrics: Metrics) -> None:
@@ -261,3 +301,50 @@ async def _ready(request: web.Request) -> web.StreamResponse:
 async def _metrics(request: web.Request) -> web.StreamResponse:
     body = generate_latest(request.app[METRICS].registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def _state(request: web.Request) -> web.StreamResponse:
+    """What is in force: mode, break-even, paths taken, coefficients, retention."""
+    return web.json_response(request.app[ROUTER].state())
+
+
+def _conversation(request: web.Request) -> tuple[bytes, str]:
+    """The store key of the client-named conversation in the path, in the caller's tenant."""
+    tenant = _tenant(request)
+    return conv.id_key(tenant, request.match_info["conversation_id"]), tenant
+
+
+async def _end_conversation(request: web.Request) -> web.StreamResponse:
+    """The client ended the conversation: forget its handle, free D's blocks now. 404: the
+    router holds no handle for it (never had one, already ended, taken by a turn, expired)."""
+    key, _ = _conversation(request)
+    if not await request.app[RETENTION].end(key):
+        raise ApiError(404, "no retained KV for this conversation")
+    return web.Response(status=204)
+
+
+async def _renew_conversation(request: web.Request) -> web.StreamResponse:
+    """Keep the conversation's KV longer: renew D's lease (up to D's ceiling, the decoder
+    TTL) and offer the handle until the new deadline; 200 `{"expires_in_s": ...}`."""
+    key, tenant = _conversation(request)
+    seconds = _renew_seconds(await _read_body(request, 4096))
+    try:
+        renewed = await request.app[RETENTION].renew(key, tenant, seconds)
+    except LeaseFailure:
+        raise ApiError(502, "the decode engine did not renew the lease") from None
+    if renewed is None:
+        raise ApiError(404, "no retained KV for this conversation")
+    return web.json_response({"expires_in_s": round(renewed.expires_in_s, 3)})
+
+
+def _renew_seconds(raw: bytes) -> float | None:
+    """The optional `{"seconds": s}` of a renewal (None: as long as D allows)."""
+    if not raw.strip():
+        return None
+    seconds = parse_json(raw).get("seconds")
+    if seconds is None:
+        return None
+    number = isinstance(seconds, int | float) and not isinstance(seconds, bool)
+    if not number or not math.isfinite(seconds) or seconds <= 0:
+        raise ApiError(400, "seconds must be a positive number", param="seconds")
+    return float(seconds)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from boomerang.connector.config import P_DECLINE_WINDOW_S, default_handle_ttl
 
@@ -116,6 +116,68 @@ class HealthConfig(_Model):
     readmit_after_successes: int = Field(
         default=1, ge=1, description="Successful probes that bring an ejected engine back."
     )
+
+
+class Tuning(_Model):
+    """How each turn's path is chosen and how long D's blocks are retained (issue 12).
+
+    The one section the router re-reads while running (`tuning.py`): a mounted ConfigMap is
+    updated in place, so a change takes effect within `tuning_poll_s`, with no restart.
+    """
+
+    mode: Literal["static", "adaptive"] = Field(
+        default="static",
+        description="static: today's behaviour exactly (pull when verified, the engine's "
+        "threshold, D's TTL); adaptive: each turn takes its cheapest path (pull, recompute or "
+        "continue on the decoder that holds the history) by a cost model learned online.",
+    )
+    break_even_min_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="Lower bound on the learned pull/recompute break-even (history tokens); "
+        "recompute_threshold is always a floor on top.",
+    )
+    break_even_max_tokens: int = Field(
+        default=1_000_000, ge=0, description="Upper bound on the learned break-even."
+    )
+    continue_on_decode: bool = Field(
+        default=True,
+        description="Allow the continue path: the turn goes straight to the decoder that holds "
+        "the history, which serves it from its prefix cache and computes the suffix.",
+    )
+    continue_max_suffix_tokens: int = Field(
+        default=1024, ge=0, description="Hard bound on the suffix a continued turn computes on D."
+    )
+    itl_budget_s: float = Field(
+        default=0.05,
+        ge=0,
+        description="Continue only while D's estimated cost of computing the suffix (the "
+        "inter-token latency its other streams see) stays within this budget.",
+    )
+    retention_quantile: float = Field(
+        default=0.9,
+        gt=0,
+        lt=1,
+        description="Keep a handle for this quantile of the learned gap between turns.",
+    )
+    retention_min_s: float = Field(
+        default=10.0, ge=0, description="Never release a handle earlier; ceiling = handle TTL."
+    )
+    decode_memory_budget: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="Fraction of D's KV blocks that retained handles may hold.",
+    )
+
+    @model_validator(mode="after")
+    def _bounds_ordered(self) -> Tuning:
+        if self.break_even_min_tokens > self.break_even_max_tokens:
+            raise ValueError(
+                f"break_even_min_tokens ({self.break_even_min_tokens}) must not exceed "
+                f"break_even_max_tokens ({self.break_even_max_tokens})"
+            )
+        return self
 
 
 class RouterConfig(_Model):
@@ -221,6 +283,22 @@ class RouterConfig(_Model):
     )
     log_level: str = Field(default="INFO", description="Python log level.")
     log_json: bool = Field(default=True, description="One JSON object per log line.")
+    tuning: Tuning = Field(
+        default_factory=Tuning,
+        description="Path choice and retention (`Tuning`); re-read from the file while running.",
+    )
+    tuning_poll_s: float = Field(
+        default=2.0,
+        gt=0,
+        description="How often the config file is checked for a new `tuning` section.",
+    )
+    lease_token_file: Path | None = Field(
+        default=None,
+        description="File holding the bearer token of the decode engines' lease API (release "
+        "and renew D's blocks); env BOOMERANG_LEASE_TOKEN gives the token itself instead.",
+    )
+    _source: Path | None = PrivateAttr(default=None)
+    """The YAML file this config was loaded from (`tuning.py` re-reads its `tuning`)."""
 
     @model_validator(mode="after")
     def _ttl_below_decoder(self) -> RouterConfig:
@@ -258,7 +336,14 @@ class RouterConfig(_Model):
             data = loaded
         data = _merge(data, env_overrides(env or {}))
         data = _merge(data, dict(overrides or {}))
-        return cls.model_validate(data)
+        config = cls.model_validate(data)
+        config._source = Path(path) if path is not None else None
+        return config
+
+    @property
+    def source_path(self) -> Path | None:
+        """The YAML file it was loaded from (None: built in-process, nothing to re-read)."""
+        return self._source
 
 
 _ENV_SCALARS: dict[str, tuple[str, ...]] = {

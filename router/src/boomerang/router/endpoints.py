@@ -52,6 +52,9 @@ class Endpoint:
     """KV block size in tokens from the engine's `vllm:cache_config_info` gauge (decode pool):
     None until learned, 0 when the engine does not say (then its handles allow full hits only).
     Forgotten on ejection: an engine that went away may come back configured differently."""
+    kv_blocks: int | None = None
+    """D's KV cache size in blocks (`num_gpu_blocks` of `vllm:cache_config_info`), read with the
+    block size; None or 0 when not known (then no decode-memory budget applies to it)."""
     stream_params: bool | None = None
     """Whether D's streamed final chunk carries kv_transfer_params (None: not known yet)."""
     stream_params_at: float = 0.0

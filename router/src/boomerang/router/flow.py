@@ -12,7 +12,10 @@ Why it exists: it is the I/O around the pure parts, in the order that keeps reus
    with the hashes of D's tokens under the conversation's key. A D failure before the client
    got a byte is retried on another D, after a fresh prefill when the failed D may have read
    P's blocks. When every engine of a role failed, the other role may serve alone.
-5. Finish: a handle no P received goes back to the store; count the outcome, log the turn.
+5. Finish: a handle no P received goes back to the store; count the outcome and the path,
+   log the turn.
+In `adaptive` mode a verified turn takes its cheapest path first (`adaptive.py`): pull (4),
+recompute (4 without the handle) or continue (the decoder holding the history serves it).
 Retries (every engine call) are `failover.py`; engine calls and their failures `upstream.py`.
 """
 
@@ -29,6 +32,7 @@ from aiohttp import web
 
 from boomerang.router import conversation as conv
 from boomerang.router import degraded, protocol
+from boomerang.router.adaptive import AdaptivePaths
 from boomerang.router.capabilities import DecodeMode, decode_mode, observe_stream
 from boomerang.router.config import RouterConfig
 from boomerang.router.decode import DecodeResult, call_and_answer
@@ -44,7 +48,9 @@ from boomerang.router.endpoints import (
 )
 from boomerang.router.errors import ApiError
 from boomerang.router.failover import Failover, Unavailable, unavailable
+from boomerang.router.hooks import NoRetention, RetentionHooks
 from boomerang.router.metrics import Metrics
+from boomerang.router.paths import PathBook
 from boomerang.router.reuse import Outcome, decide
 from boomerang.router.store import ConversationStore
 from boomerang.router.turn import Turn
@@ -60,7 +66,7 @@ BeforeRetry = Callable[[UpstreamError], Awaitable[None]]
 
 
 @dataclass
-class Router:
+class Router(AdaptivePaths):
     """Everything a turn needs; one per app."""
 
     config: RouterConfig
@@ -70,10 +76,13 @@ class Router:
     store: ConversationStore
     metrics: Metrics
     engines: EngineClient
+    retention: RetentionHooks = field(default_factory=NoRetention)
     failover: Failover = field(init=False)
+    paths: PathBook = field(init=False)
 
     def __post_init__(self) -> None:
         self.failover = Failover(self.metrics)
+        self.paths = PathBook(self.config, self.metrics)
 
     async def handle(self, request: web.Request, req: ClientRequest, tenant: str) -> Any:
         """Serve one chat or completion request; returns the response already sent."""
@@ -84,6 +93,8 @@ class Router:
             if route != "pd":
                 return await self._alone(request, turn, route, why)
             await self._verify(turn)  # 3. verify it against the new prompt
+            if self.paths.adaptive and turn.reuse is not None:  # 4. its cheapest path
+                return await self._choose(request, turn)
             return await self._serve(request, turn)  # 4. prefill with it, decode, file D's
         finally:
             await self._finish(turn)  # 5. restore an unused handle, count, log
@@ -114,12 +125,14 @@ class Router:
         turn.lookup_key = turn.find_key(self.config.fingerprint_conversations)
         if turn.lookup_key is None:
             return
+        now = time.time()
         try:
-            status, handle = await self.store.take(turn.lookup_key, time.time())
+            status, handle = await self.store.take(turn.lookup_key, now)
         except Exception as exc:
             self.metrics.store_errors.labels("take").inc()
             log.warning("Store take failed", extra={"error": repr(exc)})
             return
+        self.retention.taken(turn.lookup_key, turn.tenant, now)
         turn.take(status, handle, handle is not None and self._still_held(handle))
 
     async def _verify(self, turn: Turn) -> None:
@@ -136,7 +149,10 @@ class Router:
             if ids is None
             else decide(turn.handle, ids, cfg.recompute_threshold, partial=cfg.partial_reuse)
         )
+        handle = turn.handle
         turn.verify(reuse)
+        if turn.handle is None:  # rejected: nothing D holds is of use to the conversation
+            await self._release(handle, "superseded")
 
     def _still_held(self, handle: conv.Handle) -> bool:
         """Whether the decoder named by `handle` may still hold its blocks: not when the pod
@@ -210,12 +226,15 @@ class Router:
             elif attached is not None:
                 turn.unsent()  # the connection was refused: the next P may get the handle
             raise
-        self.metrics.prefill_latency.observe(time.perf_counter() - start)
+        seconds = time.perf_counter() - start
+        self.metrics.prefill_latency.observe(seconds)
         self.prefill.succeeded(p_ep)
         params: dict[str, Any] | None = protocol.kv_params_of(data)
         if attached is not None:
             turn.spend(accepted=params is not None)
             self._check_prompt_ids(turn, data, p_ep)
+        pulled = turn.reused_tokens if attached is not None else 0
+        self.paths.observe_prefill(turn.prompt_ids, data, pulled, seconds)
         if params is None:
             raise UpstreamError("protocol", "prefill answered without kv_transfer_params")
         return params
@@ -250,6 +269,9 @@ class Router:
             result = await self._answer(request, turn, d_ep, body, mode)
         self.metrics.decode_latency.observe(time.perf_counter() - start)
         self.decode.succeeded(d_ep)
+        prompt_ids = turn.prompt_ids or result.prompt_ids
+        if mode == "stream" and turn.first_at and prompt_ids is not None:
+            self.paths.observe_decode_first(len(prompt_ids), turn.first_at - start)
         if mode == "stream" and result.finished:
             observe_stream(d_ep, result.params is not None, time.time())
         if result.finished:
@@ -258,10 +280,17 @@ class Router:
         return result.response
 
     async def _answer(
-        self, request: web.Request, turn: Turn, ep: Endpoint, body: dict[str, Any], mode: DecodeMode
+        self,
+        request: web.Request,
+        turn: Turn,
+        ep: Endpoint,
+        body: dict[str, Any],
+        mode: DecodeMode,
+        stage: str = "d",
     ) -> DecodeResult:
-        """Call `ep` (D, or one engine alone: stage `s`) and answer the client."""
-        rid = turn.engine_request_id("s" if turn.alone else "d")
+        """Call `ep` (D; one engine alone: stage `s`; the holder continuing: `c`) and answer
+        the client."""
+        rid = turn.engine_request_id("s" if turn.alone else stage)
         call = (ep.url + PATHS[turn.req.kind], body, rid)
         t = self.config.timeouts
         return await call_and_answer(
@@ -271,20 +300,22 @@ class Router:
     def _on_first(self, turn: Turn) -> None:
         if not turn.first_sent:
             turn.first_sent = True
+            turn.first_at = time.perf_counter()
             self.metrics.ttft.labels(turn.outcome).observe(time.perf_counter() - turn.started)
 
-    async def _file(self, turn: Turn, result: DecodeResult, d_ep: Endpoint) -> None:
-        """Store D's retained params for the next turn, keyed by the conversation."""
+    async def _file(self, turn: Turn, result: DecodeResult, d_ep: Endpoint) -> bool:
+        """Store D's retained params for the next turn, keyed by the conversation; whether
+        a handle was filed."""
         if not (self.config.bidirectional and turn.req.single_choice):
-            return
+            return False
         if not protocol.retained_by_decoder(result.params):
             self.metrics.handles_skipped.labels("no_params").inc()
-            return
+            return False
         key = turn.file_key(self.config.fingerprint_conversations, result.reply)
         held = result.held_ids
         if key is None or held is None or result.params is None:
             self.metrics.handles_skipped.labels("no_key" if key is None else "no_ids").inc()
-            return
+            return False
         size, why = conv.usable_block_size(result.params, d_ep.block_size)
         if why is not None:
             self.metrics.handles_without_blocks.labels(why).inc()
@@ -292,14 +323,16 @@ class Router:
         handle = conv.build_handle(result.params, held, d_ep.url, expires, size)
         if handle is None:
             self.metrics.handles_skipped.labels("short_ids").inc()
-            return
+            return False
         try:
-            await self.store.put(key, handle)
+            replaced = await self.store.put(key, handle)
         except Exception as exc:
             self.metrics.store_errors.labels("put").inc()
             log.warning("Store put failed", extra={"error": repr(exc)})
-            return
+            return False
         self.metrics.handles_stored.inc()
+        self.retention.filed(key, handle, turn.tenant, time.time(), replaced=replaced)
+        return True
 
     # -- one engine alone (the other role has none) -----------------------------------------
 
@@ -375,12 +408,18 @@ class Router:
         """Put back a handle no P received, count the turn's outcome and log it."""
         handle = turn.restore()
         if handle is not None and turn.lookup_key is not None:
+            now = time.time()
             try:
-                await self.store.restore(turn.lookup_key, handle, time.time())
+                await self.store.restore(turn.lookup_key, handle, now)
             except Exception:
                 self.metrics.store_errors.labels("restore").inc()
+            else:
+                # Its lease ended when the turn took it; it starts again. `replaced=None`: a
+                # restore never overwrites a newer handle, so no lease is released for it here.
+                self.retention.filed(turn.lookup_key, handle, turn.tenant, now, replaced=None)
         m = self.metrics
         m.reuse.labels(turn.outcome).inc()
+        self.paths.served(turn.path)
         if turn.reused_tokens:
             m.reused_tokens.labels(turn.outcome).inc(turn.reused_tokens)
         if turn.outcome is Outcome.PARTIAL and turn.prompt_ids:

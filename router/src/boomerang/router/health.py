@@ -5,8 +5,9 @@ ejected engine back, marks engines ready for `/ready`, and reads once what the r
 know about each engine: its `/version` (capability detection), from `/metrics` the engine
 revision the Boomerang plugin publishes (P and D are paired within one revision) and, for
 decode engines, the KV block size (vLLM's `vllm:cache_config_info` gauge carries it as a
-label), which partial reuse needs and must never guess. Probes run concurrently and are bounded by
-`timeouts.probe_s`.
+label), which partial reuse needs and must never guess, and the KV cache size in blocks (its
+`num_gpu_blocks` label: the decode-memory budget of retention is a fraction of it). Probes
+run concurrently and are bounded by `timeouts.probe_s`.
 """
 
 from __future__ import annotations
@@ -33,20 +34,35 @@ log = logging.getLogger("boomerang.router")
 CACHE_INFO = "vllm:cache_config_info"
 
 
-def block_size_from_metrics(text: bytes) -> int:
-    """D's KV block size from a Prometheus page (read with prometheus_client's parser): the
-    `block_size` label of `vllm:cache_config_info`; 0 when absent, malformed or ambiguous
-    (several values), or when the page does not parse."""
-    sizes = set()
+def _cache_labels(text: bytes, label: str) -> set[int] | None:
+    """The integer values of `label` on `vllm:cache_config_info` (0 for a malformed one); None
+    when the page does not parse."""
+    values = set()
     try:
         for family in text_string_to_metric_families(text.decode(errors="replace")):
             for sample in family.samples:
                 if sample.name == CACHE_INFO:
-                    value = sample.labels.get("block_size", "")
-                    sizes.add(int(value) if value.isascii() and value.isdigit() else 0)
+                    value = sample.labels.get(label, "")
+                    values.add(int(value) if value.isascii() and value.isdigit() else 0)
     except ValueError:
-        return 0
-    return sizes.pop() if len(sizes) == 1 else 0
+        return None
+    return values
+
+
+def block_size_from_metrics(text: bytes) -> int:
+    """D's KV block size from a Prometheus page (read with prometheus_client's parser): the
+    `block_size` label of `vllm:cache_config_info`; 0 when absent, malformed or ambiguous
+    (several values), or when the page does not parse."""
+    sizes = _cache_labels(text, "block_size")
+    return sizes.pop() if sizes is not None and len(sizes) == 1 else 0
+
+
+def kv_blocks_from_metrics(text: bytes) -> int:
+    """D's KV cache size in blocks: the `num_gpu_blocks` label of the same gauge (vLLM sets it
+    once the cache is allocated); the smallest of several engines' (data parallel: a request
+    lands on one); 0 when absent or unparsable (then no decode-memory budget applies)."""
+    counts = _cache_labels(text, "num_gpu_blocks")
+    return min(counts) if counts and 0 not in counts else 0
 
 
 def revision_from_metrics(text: bytes) -> str | None:
@@ -113,6 +129,7 @@ async def _read_metrics(engines: EngineClient, ep: Endpoint, limit: Limits, bloc
     if not block:
         return
     ep.block_size = block_size_from_metrics(page)
+    ep.kv_blocks = kv_blocks_from_metrics(page)
     if ep.block_size:
         log.info("Learned block size", extra={"engine": ep.url, "block_size": ep.block_size})
     else:

@@ -28,6 +28,20 @@ Degraded turns: `degraded_turns_total{missing=prefill|decode}` counts turns sent
 alone because the other role had none (`degraded.py`). They still count one reuse outcome:
 fallback when a usable handle was found (it goes back to the store unused), else miss,
 expired or rejected as usual; never hit or partial.
+
+Paths (issue 12): `path_total{path=pull|recompute|continue}` counts every turn by how its
+prompt was served: pull (P was given D's handle and took it), continue (the decoder that held
+the history answered the turn from its own cache, no P), recompute (everything else: P or one
+engine alone computed the whole prompt). In `static` mode every turn is pull or recompute,
+exactly as the reuse outcomes say. A verified handle the cost model chose not to use (recompute)
+counts reuse outcome fallback; a continued turn counts the outcome its handle verified with
+(hit or partial) and its reused tokens. `cost_coefficient{name}` are the cost model's learned
+coefficients, `break_even_tokens` the history length above which pull beats recompute (within
+the tuning bounds, the engine's recompute threshold as a floor);
+`tuning_reloads_total{result=ok|error}` counts re-reads of a changed config file (error: its
+`tuning` section was invalid and the last good one was kept). Retention (`leases.py`):
+`retention_seconds`, `retained_blocks`, `leases_released_total{reason}` (superseded, expired,
+ended, recompute, budget), `lease_errors_total{op}`, `leases_renewed_total`.
 """
 
 from __future__ import annotations
@@ -35,6 +49,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 REUSE_OUTCOMES = ("hit", "partial", "miss", "expired", "rejected", "fallback")
+PATHS = ("pull", "recompute", "continue")
+RELEASE_REASONS = ("superseded", "expired", "ended", "recompute", "budget")
 _FRACTION_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 _LATENCY_BUCKETS = (
     0.001,
@@ -150,6 +166,7 @@ class Metrics:
             ["missing"],
             registry=r,
         )
+        self._paths(r, p)
         for outcome in REUSE_OUTCOMES:
             self.reuse.labels(outcome)
         self.requests.labels("overloaded")
@@ -159,3 +176,40 @@ class Metrics:
             self.reused_tokens.labels(outcome)
         for role in ("prefill", "decode"):
             self.degraded_turns.labels(role)
+
+    def _paths(self, r: CollectorRegistry, p: str) -> None:
+        """Path choice, the cost model, tuning reloads and retention (issue 12)."""
+        self.path = Counter(p + "path", "Turns by the path that served them.", ["path"], registry=r)
+        self.cost_coefficient = Gauge(
+            p + "cost_coefficient", "The cost model's learned coefficients.", ["name"], registry=r
+        )
+        self.break_even_tokens = Gauge(
+            p + "break_even_tokens",
+            "History tokens above which pulling from D beats recomputing on P (bounded).",
+            registry=r,
+        )
+        self.tuning_reloads = Counter(
+            p + "tuning_reloads",
+            "Re-reads of a changed config file's tuning: ok, or error (the last one was kept).",
+            ["result"],
+            registry=r,
+        )
+        self.retention_seconds = Gauge(
+            p + "retention_seconds", "How long a handle is kept now (learned).", registry=r
+        )
+        self.retained_blocks = Gauge(
+            p + "retained_blocks", "D's KV blocks held by stored handles.", registry=r
+        )
+        self.leases_released = Counter(
+            p + "leases_released", "D leases released early, by reason.", ["reason"], registry=r
+        )
+        self.lease_errors = Counter(
+            p + "lease_errors", "Failed lease API calls to D, by operation.", ["op"], registry=r
+        )
+        self.leases_renewed = Counter(p + "leases_renewed", "D leases renewed.", registry=r)
+        for path in PATHS:
+            self.path.labels(path)
+        for result in ("ok", "error"):
+            self.tuning_reloads.labels(result)
+        for reason in RELEASE_REASONS:
+            self.leases_released.labels(reason)

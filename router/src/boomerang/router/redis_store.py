@@ -4,7 +4,8 @@
 never both get the handle. The key TTL (handle TTL plus the grace period in which an expired
 handle is still counted as expired) is Redis' own, so nothing needs sweeping and a crashed
 replica leaks nothing. `restore` is SET NX with the remaining TTL: it never overwrites a newer
-handle. Errors propagate; the flow counts them and treats the turn as a miss (never fails it).
+handle. `put` is SET with GET (Redis >= 6.2), so it says atomically which handle it replaced.
+Errors propagate; the flow counts them and treats the turn as a miss (never fails it).
 """
 
 from __future__ import annotations
@@ -31,19 +32,18 @@ class RedisStore:
         return self._prefix + key.hex().encode()
 
     async def take(self, key: bytes, now: float) -> tuple[TakeStatus, Handle | None]:
-        raw = await self._redis.getdel(self._name(key))
-        if raw is None:
-            return "missing", None
-        try:
-            handle = Handle.decode(raw if isinstance(raw, bytes) else raw.encode("latin-1"))
-        except ValueError:
+        handle = _decoded(await self._redis.getdel(self._name(key)))
+        if handle is None:
             return "missing", None
         if handle.expires_at <= now:
             return "expired", None
         return "found", handle
 
-    async def put(self, key: bytes, handle: Handle) -> None:
-        await self._redis.set(self._name(key), handle.encode(), px=_ttl_ms(handle, None))
+    async def put(self, key: bytes, handle: Handle) -> Handle | None:
+        old = await self._redis.set(
+            self._name(key), handle.encode(), px=_ttl_ms(handle, None), get=True
+        )
+        return None if isinstance(old, bool) else _decoded(old)
 
     async def restore(self, key: bytes, handle: Handle, now: float) -> None:
         if handle.expires_at > now:
@@ -59,6 +59,16 @@ class RedisStore:
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+
+def _decoded(raw: bytes | str | None) -> Handle | None:
+    """A stored handle, or None (absent, or not a handle this version can read)."""
+    if raw is None:
+        return None
+    try:
+        return Handle.decode(raw if isinstance(raw, bytes) else raw.encode("latin-1"))
+    except ValueError:
+        return None
 
 
 def _ttl_ms(handle: Handle, now: float | None) -> int:

@@ -33,8 +33,9 @@ class ConversationStore(Protocol):
         """Atomically remove and return the handle under `key`."""
         ...
 
-    async def put(self, key: bytes, handle: Handle) -> None:
-        """File `handle` under `key`, replacing any older one."""
+    async def put(self, key: bytes, handle: Handle) -> Handle | None:
+        """File `handle` under `key`, replacing any older one; returns the one it replaced
+        (atomically: a handle returned here was in the store, so no turn held it)."""
         ...
 
     async def restore(self, key: bytes, handle: Handle, now: float) -> None:
@@ -110,14 +111,15 @@ class MemoryStore:
             return "expired", None
         return "found", _unpack(blob)
 
-    async def put(self, key: bytes, handle: Handle) -> None:
+    async def put(self, key: bytes, handle: Handle) -> Handle | None:
         """File `handle` as the newest entry; beyond the bound, drop the oldest ones (1/64 of
         the bound at once, so that a full store does not rescan its front on every put)."""
-        self._items.pop(key, None)  # a replaced entry moves to the end: it is the newest
+        old = self._items.pop(key, None)  # a replaced entry moves to the end: it is the newest
         self._items[key] = _pack(handle)
         excess = len(self._items) - self._max
         if excess > 0:
             self._drop_oldest(excess + self._max // EVICT_FRACTION)
+        return None if old is None else _unpack(old)
 
     def _drop_oldest(self, count: int) -> None:
         for key in list(itertools.islice(self._items, count)):

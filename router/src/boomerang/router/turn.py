@@ -15,12 +15,21 @@ explicit, checked, and tested alone (`test_turn.py`):
 | detach     | VERIFIED        | TAKEN: the turn goes to one engine alone (`degraded.py`)      |
 | restore    | TAKEN, VERIFIED | RESTORED: back to the store, unused (fallback)                |
 | restore    | ATTACHED        | SPENT: the turn was cancelled mid-prefill; P may be reading it |
+| decline    | VERIFIED        | RELEASED: the cost model chose recompute; D's blocks can go   |
+| supersede  | VERIFIED        | RELEASED: a continued turn's D filed a fresh handle           |
 
 The outcome follows: miss, expired, or fallback (a void handle) when nothing is taken; fallback
 while taken; the decision once verified; fallback again whenever the turn is computed without
 it. A handle P may have seen (its read, or its decision not to read, frees D's blocks) is
 never offered again; a rejected one is dropped (D's blocks hold nothing this prompt can use).
 A partial reuse attaches the handle like a hit (narrowed params): every rule is the same.
+
+A continued turn (`flow.py`, adaptive mode) goes to the decoder holding the history without
+attaching the handle to anything: D serves the history from its own prefix cache, and the
+handle's blocks stay pinned under the old request. So the handle stays VERIFIED while D works:
+once D answered and its fresh handle is filed, the old one is superseded; if D failed before
+the client got a byte the turn falls back to P with it still VERIFIED (P never saw it); if the
+turn ends otherwise it is restored (still valid). A continued turn keeps its verified outcome.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from typing import Any, Final
 
 from boomerang.router import conversation as conv
 from boomerang.router import logs
+from boomerang.router.costmodel import Path
 from boomerang.router.endpoints import Endpoint, Role
 from boomerang.router.reuse import ATTACHED, Outcome, Reuse
 from boomerang.router.store import TakeStatus
@@ -49,6 +59,7 @@ class Stage(Enum):
     SPENT = "spent"
     DROPPED = "dropped"
     RESTORED = "restored"
+    RELEASED = "released"
 
 
 MOVES: Final = frozenset(
@@ -59,6 +70,7 @@ MOVES: Final = frozenset(
         (Stage.VERIFIED, Stage.ATTACHED),  # attach
         (Stage.ATTACHED, Stage.VERIFIED),  # unsent
         (Stage.ATTACHED, Stage.SPENT),  # spend, or restore mid-prefill
+        (Stage.VERIFIED, Stage.RELEASED),  # decline (recompute), supersede (continued)
         (Stage.VERIFIED, Stage.TAKEN),  # detach
         (Stage.TAKEN, Stage.RESTORED),  # restore
         (Stage.VERIFIED, Stage.RESTORED),  # restore
@@ -99,9 +111,15 @@ class Turn:
     """The prefill engine chosen for the turn (tokenize and prefill go to the same one)."""
     prompt_ids: list[int] | None = None
     first_sent: bool = False
+    first_at: float = 0.0
+    """`perf_counter` when the client got the first byte (0: not yet)."""
     decode_url: str | None = None
     alone: Role | None = None
     """The role of the one engine that served the turn alone (the other had none), else None."""
+    chosen: Path | None = None
+    """The path the cost model chose (adaptive mode), before any fallback; None: not asked."""
+    continued: bool = False
+    """The decoder holding the history answered the turn itself (the continue path)."""
 
     # -- the handle's state machine ---------------------------------------------------------
 
@@ -159,6 +177,27 @@ class Turn:
         if not accepted:
             self._computed_without()
 
+    def decline(self) -> conv.Handle:
+        """The turn computes on P without the verified handle (the cost model chose
+        recompute): it is never offered again; the handle, for its blocks to be released."""
+        return self._let_go(computed_without=True)
+
+    def supersede(self) -> conv.Handle:
+        """A continued turn's D answered and its fresh handle is filed: the old one is never
+        offered again (the outcome stands); the handle, for its blocks to be released."""
+        if not self.continued:
+            raise IllegalMove("only a continued turn supersedes its handle")
+        return self._let_go(computed_without=False)
+
+    def _let_go(self, *, computed_without: bool) -> conv.Handle:
+        handle = self.handle
+        self._move(Stage.RELEASED)
+        assert handle is not None
+        self.handle = None
+        if computed_without:
+            self._computed_without()
+        return handle
+
     def detach(self) -> None:
         """The turn is served by one engine alone: no handle is attached (a taken one is
         restored at the end), and a spent one did not serve the answer."""
@@ -176,7 +215,8 @@ class Turn:
         handle = self.handle
         self._move(Stage.RESTORED)
         self.handle = None
-        self._computed_without()
+        if not self.continued:  # a continued turn was served from the history all the same
+            self._computed_without()
         return handle
 
     def _computed_without(self) -> None:
@@ -188,6 +228,14 @@ class Turn:
     def reused_tokens(self) -> int:
         """Tokens of the prompt P may pull (or pulled) from D; 0 unless hit or partial."""
         return self.reuse.tokens if self.reuse is not None and self.outcome in ATTACHED else 0
+
+    @property
+    def path(self) -> Path:
+        """How the turn's prompt was served (`metrics.py`): continue, pull (P took D's
+        handle), else recompute."""
+        if self.continued:
+            return Path.CONTINUE
+        return Path.PULL if self.outcome in ATTACHED else Path.RECOMPUTE
 
     # -- bookkeeping ------------------------------------------------------------------------
 
@@ -230,6 +278,8 @@ class Turn:
             "decode": self.decode_url,
             "holder": self.holder,
             "alone": self.alone,
+            "path": str(self.path),
+            "chosen": str(self.chosen) if self.chosen is not None else None,
             "prompt_tokens": len(self.prompt_ids) if self.prompt_ids is not None else None,
             "seconds": round(time.perf_counter() - self.started, 4),
         }

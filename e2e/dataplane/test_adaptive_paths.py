@@ -1,0 +1,77 @@
+"""Adaptive mode through a real router process on the real engines (vLLM CPU 0.32, NIXL).
+
+What must hold: a conversation's next turn with a short suffix goes straight to the decoder
+that holds the history (the continue path: D's `prompt_tokens_by_source{source=
+"local_cache_hit"}` covers the history, the router counts `path_total{path="continue"}`), its
+answer equals one engine computing the same prompt alone (float32, greedy), and the turn after
+it still finds a verified handle (D's continued answer filed a fresh one). A turn whose suffix
+is over the continue bound goes through P (pull or recompute) and matches as well.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pdclient
+import pytest
+from dataplane.turns import moved, reference, reuse, router_completion, same, words
+
+from boomerang.local.engine_client import scrape, tokens_by_source, totals
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
+
+SHORT, LONG = 30, 200
+TUNING = {
+    "mode": "adaptive",
+    "continue_max_suffix_tokens": 64,  # SHORT continues, LONG does not
+    "itl_budget_s": 10.0,  # the hard bound decides here, not the learned ITL cost
+}
+
+
+def paths(router: str) -> dict[str, float]:
+    return totals(pdclient.scrape(router), "boomerang_router_path_total", "path")
+
+
+def served(url: str, before: dict[str, float]) -> dict[str, float]:
+    after = tokens_by_source(scrape(url))
+    return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+
+
+def turn(plane, router: str, prompt: list[int], *, stream: bool = False):
+    """One turn through the router: its tokens and logprobs, the reuse outcome and path it
+    counted, and the prompt tokens D served from its cache and computed meanwhile."""
+    before = (reuse(router), paths(router), tokens_by_source(scrape(plane.d_url)))
+    tokens, logprobs, _ = router_completion(router, plane.model, prompt, "adaptive", stream=stream)
+    outcome, path = moved(before[0], reuse(router)), moved(before[1], paths(router))
+    assert same((tokens, logprobs), reference(plane, prompt)), (outcome, path)
+    return tokens, outcome, path, served(plane.d_url, before[2])
+
+
+def test_short_suffixes_continue_on_the_holder_long_ones_go_through_p(dataplane):
+    router = dataplane.router("router-adaptive", tuning=TUNING)
+    rng = random.Random(1212)
+    prompt = words(rng, 700)
+    tokens, outcome, path, _ = turn(dataplane, router, prompt)
+    assert outcome == {"miss": 1.0} and path == {"recompute": 1.0}
+
+    history = prompt + tokens
+    prompt = history + words(rng, SHORT)
+    tokens, outcome, path, d = turn(dataplane, router, prompt)
+    assert path == {"continue": 1.0}, (outcome, path)
+    assert outcome == {"hit": 1.0}
+    assert d.get("local_cache_hit", 0.0) >= len(history) - 128  # whole blocks of it
+    assert d.get("local_compute", 0.0) <= SHORT + 128
+
+    history = prompt + tokens
+    prompt = history + words(rng, SHORT)
+    tokens, outcome, path, _ = turn(dataplane, router, prompt, stream=True)
+    assert outcome == {"hit": 1.0}, (outcome, path)  # the continued turn's handle verified
+    assert set(path) <= {"pull", "continue"} and sum(path.values()) == 1.0
+
+    prompt = prompt + tokens + words(rng, LONG)
+    _, outcome, path, _ = turn(dataplane, router, prompt)
+    assert set(path) <= {"pull", "recompute"} and sum(path.values()) == 1.0, (outcome, path)
+
+    state = pdclient.get_json(f"{router}/boomerang/v1/state")
+    assert state["mode"] == "adaptive" and state["paths"]["continue"] >= 1
+    assert state["coefficients"]["p_compute_s_per_token"] > 0

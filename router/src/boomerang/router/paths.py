@@ -1,0 +1,110 @@
+"""Which path a turn takes, what each leg took, and what is in force: the cost model's I/O side.
+
+Why it exists: `costmodel.py` is the pure model (choose a path for a shape, learn from
+observations); the flow only knows turns. This module turns a verified turn into the model's
+`Shape` and the live tuning into its `Bounds`, feeds the model what each leg took, counts the
+paths that served turns (`boomerang_router_path_total{path}`, in both modes), keeps the
+coefficient and break-even gauges current, and answers `Router.state()`'s part.
+
+The bounds are read from `config.tuning` at each turn, so a hot-reloaded tuning (`tuning.py`)
+applies to the next turn. The engine's `recompute_threshold` is the floor of every break-even.
+What is observed (always, also in `static` mode, so that switching to `adaptive` starts from
+measurements; observing changes no `static` decision):
+- the P leg (max_tokens 1, not streamed: its latency is P's time to first token) with the
+  tokens P computed and the tokens it pulled (the verified ones when P had the handle and
+  took it, else 0);
+- D's time to first byte after P, and on the continue path, only for streamed answers: a
+  non-streamed answer's first byte comes after the whole generation, which would teach the
+  model the answer's length instead of D's prefill.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from boomerang.router.config import RouterConfig
+from boomerang.router.costmodel import Bounds, Choice, CostModel, Path, Shape
+from boomerang.router.metrics import Metrics
+
+
+class PathBook:
+    """The cost model of one router, its bounds, and the paths its turns took."""
+
+    def __init__(self, config: RouterConfig, metrics: Metrics, model: CostModel | None = None):
+        self.config = config
+        self.metrics = metrics
+        self.model = model or CostModel()
+        self.counts: Counter[Path] = Counter({p: 0 for p in Path})
+        self.refresh()
+
+    @property
+    def adaptive(self) -> bool:
+        return self.config.tuning.mode == "adaptive"
+
+    def bounds(self) -> Bounds:
+        """The model's bounds now: the live tuning, the engine's threshold as the floor."""
+        t = self.config.tuning
+        return Bounds(
+            floor_tokens=self.config.recompute_threshold,
+            break_even_min_tokens=t.break_even_min_tokens,
+            break_even_max_tokens=t.break_even_max_tokens,
+            continue_on_decode=t.continue_on_decode,
+            continue_max_suffix_tokens=t.continue_max_suffix_tokens,
+            itl_budget_s=t.itl_budget_s,
+        )
+
+    def choose(self, prompt_tokens: int, reusable_tokens: int, holder: bool) -> Choice:
+        """The cheapest allowed path for a verified turn (`holder`: its decoder may serve it)."""
+        reusable = max(0, min(reusable_tokens, prompt_tokens))
+        return self.model.choose(Shape(prompt_tokens, reusable, holder), self.bounds())
+
+    def served(self, path: Path) -> None:
+        """Count the path that served a turn."""
+        self.counts[path] += 1
+        self.metrics.path.labels(path).inc()
+
+    def observe_prefill(
+        self, prompt_ids: list[int] | None, answer: dict[str, Any], pulled: int, seconds: float
+    ) -> None:
+        """P's leg: the prompt's length is its verified ids', else P's own count."""
+        prompt = len(prompt_ids) if prompt_ids is not None else _prompt_tokens(answer)
+        if prompt is None:
+            return
+        pulled = max(0, min(pulled, prompt))
+        self.model.observe_prefill(prompt - pulled, pulled, seconds)
+        self.refresh()
+
+    def observe_decode_first(self, prompt_tokens: int, seconds: float) -> None:
+        self.model.observe_decode_first(prompt_tokens, seconds)
+        self.refresh()
+
+    def observe_continue(self, computed_tokens: int, seconds: float) -> None:
+        self.model.observe_continue(max(0, computed_tokens), seconds)
+        self.refresh()
+
+    def break_even_tokens(self) -> float:
+        return float(self.model.break_even_tokens(self.bounds()))
+
+    def refresh(self) -> None:
+        """Set the coefficient and break-even gauges to the model's current values."""
+        for name, value in self.model.coefficients().as_metrics().items():
+            self.metrics.cost_coefficient.labels(name).set(value)
+        self.metrics.break_even_tokens.set(self.break_even_tokens())
+
+    def state(self) -> dict[str, Any]:
+        """The path choice's part of `GET /boomerang/v1/state`."""
+        bounds = self.bounds()
+        return {
+            "mode": self.config.tuning.mode,
+            "break_even_tokens": self.break_even_tokens(),
+            "continue_limit_tokens": self.model.continue_limit_tokens(bounds),
+            "paths": {str(p): n for p, n in self.counts.items()},
+            "coefficients": self.model.coefficients().as_metrics(),
+        }
+
+
+def _prompt_tokens(answer: dict[str, Any]) -> int | None:
+    usage = answer.get("usage")
+    count = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    return count if isinstance(count, int) else None

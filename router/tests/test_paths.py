@@ -1,0 +1,251 @@
+"""Adaptive mode through the router and the fake engines: each verified turn takes the path the
+cost model chose (pull, recompute, or continue on the decoder holding the history), a failed
+continue falls back to P and D, retention hears about every handle let go, and static mode
+keeps today's flow while counting its paths."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from router_testing import chat, filed, post, stream
+
+from boomerang.router import conversation as conv
+from boomerang.router.app import ROUTER
+from boomerang.router.costmodel import DEFAULT_PRIORS, CostModel
+from boomerang.router.flow import Router
+from boomerang.router.protocol import CONTINUE_PARAMS
+
+ADAPTIVE = {"tuning": {"mode": "adaptive"}}
+PULL_ONLY = {"tuning": {"mode": "adaptive", "continue_on_decode": False}, "recompute_threshold": 0}
+"""The fake conversations are short: below the default threshold P would recompute anyway."""
+RECOMPUTE_ONLY = {
+    "tuning": {"mode": "adaptive", "continue_on_decode": False, "break_even_min_tokens": 10**6}
+}
+SLOW_P = dataclasses.replace(DEFAULT_PRIORS, p_fixed_s=5.0)
+"""Priors under which P is so slow that every allowed continue wins."""
+
+
+class Frozen(CostModel):
+    """The real model at its priors: it learns nothing from the fake engines' timings (which
+    would make its choices depend on this machine's load)."""
+
+    def observe_prefill(self, computed_tokens: int, pulled_tokens: int, seconds: float) -> None:
+        return None
+
+    def observe_decode_first(self, prompt_tokens: int, seconds: float) -> None:
+        return None
+
+    def observe_continue(self, computed_tokens: int, seconds: float) -> None:
+        return None
+
+
+class Recorder:
+    """Retention that records what the flow tells it."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any, ...]] = []
+
+    def filed(
+        self, key: bytes, handle: conv.Handle, tenant: str, now: float, *, replaced: Any = None
+    ) -> None:
+        self.calls.append(("filed", key, handle, replaced))
+
+    def taken(self, key: bytes, tenant: str, now: float) -> None:
+        self.calls.append(("taken", key))
+
+    async def superseded(self, handle: conv.Handle, reason: str) -> None:
+        self.calls.append(("superseded", handle, reason))
+
+    async def run(self) -> None:
+        return None
+
+    def state(self) -> dict[str, Any]:
+        return {"retained_blocks": 7}
+
+    def released(self) -> list[tuple[conv.Handle, str]]:
+        return [(c[1], c[2]) for c in self.calls if c[0] == "superseded"]
+
+    def filed_handles(self) -> list[conv.Handle]:
+        return [c[2] for c in self.calls if c[0] == "filed"]
+
+
+def router_of(
+    w: Any, priors: Any = DEFAULT_PRIORS, *, learn: bool = False
+) -> tuple[Router, Recorder]:
+    router = w.client.server.app[ROUTER]
+    router.retention = retention = Recorder()
+    router.paths.model = CostModel(priors) if learn else Frozen(priors)
+    return router, retention
+
+
+async def until(check: Callable[[], Awaitable[bool]]) -> None:
+    """The turn is counted just after its answer went out."""
+    for _ in range(200):
+        if await check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("never")
+
+
+async def paths(w: Any) -> dict[str, float]:
+    return {p: await w.metric("boomerang_router_path_total", path=p) for p in PATHS}
+
+
+PATHS = ("pull", "recompute", "continue")
+
+
+async def conversation(w: Any, turns: int, **extra: Any) -> list[dict[str, Any]]:
+    """`turns` turns of one conversation (short suffixes); the messages of the last."""
+    messages = [{"role": "user", "content": "hello there"}]
+    for i in range(turns):
+        status, body = await post(w, chat(messages, conversation_id="c", **extra))
+        assert status == 200, body
+        await filed(w, i + 1)
+        messages = [*messages, body["choices"][0]["message"], {"role": "user", "content": "go"}]
+    return messages
+
+
+async def test_a_short_suffix_continues_on_the_holder_and_leaves_a_verified_handle(
+    world: Any,
+) -> None:
+    w = await world(**ADAPTIVE)
+    router, retention = router_of(w, SLOW_P)
+    await conversation(w, 3)
+    d_calls, p_calls = w.decode[0].calls, w.prefill[0].calls
+    assert len(p_calls) == 1  # only the first turn went through P
+    assert [c["kv_transfer_params"] for c in d_calls[1:]] == [CONTINUE_PARAMS] * 2
+    assert d_calls[1]["return_token_ids"] is True
+    await until(lambda: _equals(w, "continue", 2))
+    assert await paths(w) == {"pull": 0, "recompute": 1, "continue": 2}
+    assert await w.reuse("hit") == 2  # the third turn verified the handle the second filed
+    filed_handles = retention.filed_handles()
+    assert retention.released() == [(h, "superseded") for h in filed_handles[:2]]
+    assert w.fabric.violations == []
+    state = router.state()
+    assert state["mode"] == "adaptive"
+    assert state["paths"] == {"pull": 0, "recompute": 1, "continue": 2}
+    assert state["retained_blocks"] == 7
+    assert set(state["coefficients"]) >= {"p_compute_s_per_token", "d_compute_s_per_token"}
+    assert w.decode[0].request_ids[1].rsplit("-", 1)[1].startswith("c")
+
+
+async def _equals(w: Any, path: str, n: float) -> bool:
+    return await w.metric("boomerang_router_path_total", path=path) == n
+
+
+async def test_a_streamed_continue_relays_d_and_teaches_the_model(world: Any) -> None:
+    w = await world(decode_spec={"stream_params": True, "version": "0.33.0"}, **ADAPTIVE)
+    router, _ = router_of(w, SLOW_P, learn=True)
+    messages = [{"role": "user", "content": "hello there"}]
+    for i in range(2):
+        events = await stream(w, chat(messages, conversation_id="s"))
+        text = "".join(c["choices"][0]["delta"].get("content", "") for c in events if c["choices"])
+        assert text and all("kv_transfer_params" not in e for e in events)
+        await filed(w, i + 1)
+        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "go"}]
+    assert w.decode[0].calls[1]["stream"] is True
+    assert w.decode[0].calls[1]["kv_transfer_params"] == CONTINUE_PARAMS
+    observed = router.paths.model.coefficients().observations
+    assert observed["continue"] == 1 and observed["decode_first"] == 1
+    assert observed["prefill"] == 1
+    await until(lambda: _equals(w, "continue", 1))
+
+
+async def test_pull_in_adaptive_mode_is_todays_flow(world: Any) -> None:
+    w = await world(**PULL_ONLY)
+    _, retention = router_of(w)
+    await conversation(w, 2)
+    assert w.prefill[0].calls[1]["kv_transfer_params"]["remote_block_ids"]
+    assert [who for who, _ in w.fabric.pulls] == ["decode", "prefill", "decode"]
+    await until(lambda: _equals(w, "pull", 1))
+    assert await paths(w) == {"pull": 1, "recompute": 1, "continue": 0}
+    assert retention.released() == []
+    assert w.fabric.violations == []
+
+
+async def test_recompute_declines_the_handle_and_releases_its_blocks(world: Any) -> None:
+    w = await world(**RECOMPUTE_ONLY)
+    _, retention = router_of(w)
+    await conversation(w, 2)
+    assert w.prefill[0].calls[1]["kv_transfer_params"]["remote_block_ids"] is None
+    assert [who for who, _ in w.fabric.pulls] == ["decode", "decode"]  # P pulled nothing
+    await until(lambda: _equals(w, "recompute", 2))
+    assert await w.reuse("fallback") == 1
+    assert retention.released() == [(retention.filed_handles()[0], "recompute")]
+    assert w.fabric.violations == []
+
+
+async def test_a_continue_that_fails_before_a_byte_falls_back_to_pull(world: Any) -> None:
+    w = await world(n_decode=2, recompute_threshold=0, **ADAPTIVE)
+    _, retention = router_of(w, SLOW_P)
+    messages = await conversation(w, 1)
+    (holder,) = [d for d in w.decode if d.calls]
+    other = next(d for d in w.decode if d is not holder)
+    holder.fail_status = 500
+    status, body = await post(w, chat(messages, conversation_id="c"))
+    assert status == 200, body
+    assert holder.calls[-2]["kv_transfer_params"] == CONTINUE_PARAMS  # the continue, failed
+    # Pull: P got the unused handle; D's leg failed on the holder again, so P computed once
+    # more (the holder may have read P's blocks) and the other decoder answered.
+    first_try, again = w.prefill[0].calls[1:]
+    assert first_try["kv_transfer_params"]["remote_engine_id"] == holder.engine_id
+    assert again["kv_transfer_params"]["remote_block_ids"] is None
+    assert len(other.calls) == 1
+    assert ("prefill", retention.filed_handles()[0].num_tokens) in w.fabric.pulls
+    await until(lambda: _equals(w, "pull", 1))
+    assert await paths(w) == {"pull": 1, "recompute": 1, "continue": 0}
+    assert retention.released() == []
+    assert w.fabric.violations == []
+
+
+async def test_no_continue_when_the_holder_is_gone(world: Any) -> None:
+    w = await world(**ADAPTIVE)
+    router, _ = router_of(w, SLOW_P)
+    messages = await conversation(w, 1)
+    router.decode.candidates()[0].ejected = True  # its turn still goes to it: the only D
+    await post(w, chat(messages, conversation_id="c"))
+    assert all(c["kv_transfer_params"] != CONTINUE_PARAMS for c in w.decode[0].calls)
+
+
+async def test_static_mode_counts_pull_and_recompute(world: Any) -> None:
+    w = await world()
+    router, retention = router_of(w, SLOW_P)  # would continue, were it adaptive
+    await conversation(w, 2)
+    await until(lambda: _equals(w, "pull", 1))
+    assert await paths(w) == {"pull": 1, "recompute": 1, "continue": 0}
+    assert all(c["kv_transfer_params"] != CONTINUE_PARAMS for c in w.decode[0].calls)
+    assert router.state()["mode"] == "static"
+    assert await w.metric("boomerang_router_break_even_tokens") == 64  # the priors: the floor
+    text = await (await w.client.get("/metrics")).text()
+    assert 'boomerang_router_cost_coefficient{name="p_fixed_s"}' in text
+    assert retention.released() == []
+
+
+async def test_a_partial_continues_too(world: Any) -> None:
+    """The template drops the reasoning D generated: D's cache serves the blocks before it
+    (vLLM's prefix cache matches whole blocks by their chained token hashes), the router
+    counts the partial it verified."""
+    w = await world(decode_spec={"reasoning": True}, tuning={"mode": "adaptive", "itl_budget_s": 1})
+    _, retention = router_of(w, SLOW_P)
+    messages = [{"role": "user", "content": OPENING}]
+    status, first = await post(w, chat(messages, conversation_id="p"))
+    assert status == 200
+    await filed(w, 1)
+    reply = first["choices"][0]["message"]
+    messages += [
+        {"role": "assistant", "content": reply["content"]},
+        {"role": "user", "content": "ok"},
+    ]
+    status, _ = await post(w, chat(messages, conversation_id="p"))
+    assert status == 200
+    assert w.decode[0].calls[-1]["kv_transfer_params"] == CONTINUE_PARAMS
+    await until(lambda: _equals(w, "continue", 1))
+    assert await w.reuse("partial") == 1
+    assert [c[0] for c in retention.calls] == ["taken", "filed", "taken", "filed", "superseded"]
+    assert w.fabric.violations == []
+
+
+OPENING = "tell me how the printing press changed the way news travelled across europe, " * 2
