@@ -4,7 +4,8 @@ Each case of operator/tests/invalid-specs.yaml (the table the pydantic unit test
 server-side dry-run create (full admission: OpenAPI schema, CEL rules, strict field validation)
 of a valid sample broken in one place, and expects the error to name that field. A coverage test
 checks that every CEL rule in the installed CRD is hit by some case, so a rule added later
-without a case fails here.
+without a case fails here. The status the operator writes for Adaptive tuning (what the router
+learned) is kept whole by the status schema, not pruned.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from cluster import Cluster
 from dd_testing import INVALID, invalid_manifest
 from suite import DD, example
 
-from boomerang.operator.api import MAX_NAME_LENGTH
+from boomerang.operator import tuning
+from boomerang.operator.api import MAX_NAME_LENGTH, DisaggregatedDeployment
+from boomerang.operator.status import compute_status
 
 pytestmark = pytest.mark.cluster
 
@@ -67,3 +70,24 @@ def test_every_cel_rule_in_the_crd_has_a_rejection_case(cluster: Cluster, chart:
     assert not uncovered - set(UNREACHABLE), f"CEL rules no case triggers: {uncovered}"
     stale = set(UNREACHABLE) - uncovered
     assert not stale, f"now reachable or gone, remove from UNREACHABLE: {stale}"
+
+
+def test_the_learned_tuning_status_is_kept_by_the_status_schema(
+    cluster: Cluster, chart: str, namespace: str
+) -> None:
+    obj = example("minimal.yaml")
+    obj["spec"]["kvTransfer"] = {"tuning": {"mode": "Adaptive"}}
+    cluster.kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(obj))
+    state = {"mode": "adaptive", "break_even_tokens": 912.0, "retention_s": 143.0,
+             "paths": {"pull": 10, "recompute": 3, "continue": 37}, "retained_blocks": 120,
+             "retained_fraction": 0.31}  # fmt: skip
+    learned = tuning.in_force(None, tuning.learned(state), "2026-01-01T00:00:00Z")
+    dd = DisaggregatedDeployment.model_validate({**obj, "metadata": {**obj["metadata"]}})
+    status = compute_status(dd, {}, None, "2026-01-01T00:00:00Z", learned=learned)
+    result = cluster.kubectl(
+        "patch", DD, obj["metadata"]["name"], "-n", namespace, "--subresource=status",
+        "--type=merge", "--dry-run=server", "-o", "json", "-p", json.dumps({"status": status}),
+    )  # fmt: skip
+    stored = json.loads(result.stdout)["status"]["kvTransfer"]
+    assert stored == status["kvTransfer"]
+    assert stored["pathShares"] == {"pull": 20, "recompute": 6, "continue": 74}

@@ -2,10 +2,11 @@
 
 `manifests()` draws whole resources from the CRD schema that `crdgen` derives from the pydantic
 model, so a new field is generated without a change here: integers at and just past their
-bounds, strings at their length limits, durations near the rules' limits, names around the
-longest the children allow. Each draw is within the schema's bounds but for up to two fields set
-around them (past a bound, a broken pattern, the wrong type), so that a stray value meets an
-otherwise valid resource, as a user's typo does.
+bounds, strings at their length limits, durations near the rules' limits (the router's TTL and
+retention's minimum against the decoder's TTL), names around the longest the children allow.
+Each draw is within the schema's bounds but for up to two fields set around them (past a bound,
+a broken pattern, the wrong type), so that a stray value meets an otherwise valid resource, as
+a user's typo does.
 
 `check_builds` is admission's promise to the operator: a resource the model admits is turned by
 the builders into children whose names and labels Kubernetes accepts.
@@ -183,6 +184,19 @@ def _near_router_ttl_bound(spec: JSON, delta_ns: int) -> JSON:
     return {**spec, "router": router}
 
 
+def _near_retention_bound(spec: JSON, delta_ns: int) -> JSON:
+    """Retention's minimum put at the decoder's TTL plus `delta_ns` (its ceiling)."""
+    kv = spec.get("kvTransfer", {})
+    try:
+        minimum = api.duration_ns(kv.get("decoderBlocksTTL", "480s")) + delta_ns
+    except ValueError:
+        return spec
+    seconds, ns = divmod(max(minimum, 0), api.NS_PER_S)
+    tuning = kv.get("tuning", {})
+    retention = {**tuning.get("retention", {}), "minimum": f"{seconds}.{ns:09d}s"}
+    return {**spec, "kvTransfer": {**kv, "tuning": {**tuning, "retention": retention}}}
+
+
 _SPEC_SCHEMA = crdgen.openapi_schema(api.DisaggregatedDeploymentSpec)
 _STRAY_FIELDS = st.sampled_from([(path, around(node)) for path, node in _paths(_SPEC_SCHEMA)])
 
@@ -200,6 +214,9 @@ def manifests(draw: st.DrawFn) -> JSON:
     delta = draw(st.one_of(st.none(), st.sampled_from([-(10**6), 0, 10**6])))
     if delta is not None:
         spec = _near_router_ttl_bound(spec, delta)
+    delta = draw(st.one_of(st.none(), st.sampled_from([-(10**6), 0, 10**6])))
+    if delta is not None:
+        spec = _near_retention_bound(spec, delta)
     for _ in range(draw(st.integers(0, 2))):
         path, values = draw(_STRAY_FIELDS)
         spec = _set(spec, path, draw(values))

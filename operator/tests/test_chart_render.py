@@ -16,7 +16,7 @@ import yaml
 from chart_testing import CHART, refused, render_chart, run_helm
 from dd_testing import ROOT
 
-from boomerang.operator.children import CHILD_KINDS, CREATED_KINDS
+from boomerang.operator.children import CHILD_KINDS, CREATE_ONLY_KINDS, CREATED_KINDS
 
 K8S_VERSION = "1.36.0"
 
@@ -253,14 +253,19 @@ def test_rbac_lets_the_operator_apply_exactly_the_child_kinds(
     helm: Path, sets: tuple[str, ...]
 ) -> None:
     """The chart's grants follow children.CHILD_KINDS: every kind the operator applies and
-    watches, and nothing else it may create (but the events it posts)."""
+    watches, the create-only Secret of the lease token, and nothing else it may create (but the
+    events it posts)."""
     docs = render_chart(helm, *sets)
     granted = set(_rules(next(d for d in docs if d["kind"] == ("Role" if sets else "ClusterRole"))))
     for kind in (*CHILD_KINDS, *CREATED_KINDS):
         verbs = {v for g, r, v in granted if (g, r) == (kind.group, kind.plural)}
         assert verbs == APPLY_VERBS, kind
+    for kind in CREATE_ONLY_KINDS:  # the lease token: created blind, never read
+        verbs = {v for g, r, v in granted if (g, r) == (kind.group, kind.plural)}
+        assert verbs == {"create"}, kind
     creatable = {(g, r) for g, r, v in granted if v == "create" and r != "events"}
-    assert creatable == {(k.group, k.plural) for k in (*CHILD_KINDS, *CREATED_KINDS)}
+    kinds = (*CHILD_KINDS, *CREATED_KINDS, *CREATE_ONLY_KINDS)
+    assert creatable == {(k.group, k.plural) for k in kinds}
     replaces = {(r, v) for _, r, v in granted if v in ("delete", "deletecollection", "update")}
     assert replaces == {("disaggregateddeployments/finalizers", "update")}
 

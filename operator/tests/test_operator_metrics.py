@@ -44,6 +44,9 @@ class FakeKube:
             raise KubeError("denied by an admission webhook", 403)
         return dict(obj)
 
+    def create(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
+        return dict(obj)
+
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return copy.deepcopy(self.owner) if kind == "DisaggregatedDeployment" else None
 

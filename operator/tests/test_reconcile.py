@@ -43,6 +43,8 @@ class MemoryKube:
         self.listed: list[tuple[str, dict[str, str]]] = []
         self.statuses: dict[str, dict[str, Any]] = {}
         """Per workload name: the status it reports, instead of the one `ready` implies."""
+        self.created: dict[tuple[str, str], dict[str, Any]] = {}
+        """Objects made by `create` (the lease token's Secret), apart from the applied ones."""
 
     def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         if obj["kind"] == self.fail_kind or obj["metadata"]["name"] in self.fail_names:
@@ -65,9 +67,20 @@ class MemoryKube:
                                      "updateRevision": "r"}}  # fmt: skip
         return obj
 
+    def create(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
+        key = (obj["kind"], obj["metadata"]["name"])
+        if obj["kind"] == self.fail_kind or key[1] in self.fail_names:
+            raise KubeError("admission webhook denied the request", 403)
+        if key in self.created:
+            return None
+        self.created[key] = copy.deepcopy(dict(obj))
+        return copy.deepcopy(self.created[key])
+
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         if kind == "DisaggregatedDeployment":
             return copy.deepcopy(self.owner)
+        if (kind, name) in self.created:
+            return copy.deepcopy(self.created[(kind, name)])
         obj = self.objects.get((kind, name))
         return self._with_status(obj) if obj else None
 

@@ -32,7 +32,8 @@ releases (say one per team, each watching its own namespaces) never claim the sa
 {{- /* What the operator does to its resources and their children, wherever it watches: read
 and annotate its resource (kopf's progress), write its status, server-side apply the children
 it owns (get/list/watch to follow them, create/patch to apply; never delete: garbage collection
-does), and post events. EndpointSlice read is here because the operator grants it to each
+does), and post events. Secrets: create only, for each deployment's lease token (created blind,
+an existing one answers 409): the operator never reads a Secret. EndpointSlice read is here because the operator grants it to each
 router's Role, and Kubernetes only lets a subject grant permissions it holds itself. */ -}}
 {{- define "boomerang.workloadRules" -}}
 - apiGroups: ["boomerang.dev"]
@@ -56,6 +57,9 @@ router's Role, and Kubernetes only lets a subject grant permissions it holds its
 - apiGroups: [""]
   resources: ["services", "configmaps", "serviceaccounts"]
   verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create", "patch"]

@@ -58,9 +58,10 @@ labelled `controller-revision-hash: <statefulset>-<hash>` (a 32-bit hash, encode
 characters). Both must stay DNS labels: a pod's name is its hostname and a label value."""
 _STATEFULSET_SUFFIXES = tuple(f"-{role}" for role in ROLES)
 _SERVICE_SUFFIXES = (*_STATEFULSET_SUFFIXES, "-router")
-CHILD_SUFFIXES = (*_SERVICE_SUFFIXES, "-engines")
+CHILD_SUFFIXES = (*_SERVICE_SUFFIXES, "-engines", "-lease-token")
 """What the operator appends to the resource's name for its children (`render.child_name`): the
-roles' StatefulSets and headless Services, the router's objects, the engines' NetworkPolicy."""
+roles' StatefulSets and headless Services, the router's objects, the engines' NetworkPolicy,
+the lease token's Secret."""
 MAX_NAME_LENGTH = min(
     DNS_LABEL_MAX,  # the name itself is a label value (app.kubernetes.io/instance)
     DNS_LABEL_MAX - max(map(len, _SERVICE_SUFFIXES)),  # Services: 63 - 8 = 55
@@ -379,6 +380,86 @@ class RoleSpec(_Model):
     )
 
 
+class BreakEvenBounds(_Model):
+    """Bounds on the learned pull/recompute break-even, in tokens of verified history."""
+
+    min_tokens: int = Field(
+        0,
+        description="Never learn a break-even below this (kvTransfer.recomputeThreshold is "
+        "always a floor on top).",
+        ge=0,
+    )
+    max_tokens: int = Field(
+        1_000_000,
+        description="Never learn a break-even above this; at least minTokens.",
+        ge=0,
+    )
+
+
+class ContinueOnDecodeSpec(_Model):
+    """The third path: a turn goes straight to the D that holds its history and computes the
+    new suffix there, with no P hop and no transfer, bounded by its cost to D's other streams."""
+
+    enabled: bool = Field(True, description="Let the router take the continue-on-decode path.")
+    max_suffix_tokens: int = Field(
+        1024, description="Hard bound: longer new suffixes never continue on D.", ge=1
+    )
+    itl_budget: Duration = Field(
+        "50ms",
+        description="Continue only while D's estimated inter-token-latency cost of computing "
+        "the suffix stays within this (positive).",
+    )
+
+
+class RetentionSpec(_Model):
+    """How long the router keeps a conversation's blocks on D, learned from the gaps between
+    turns; kvTransfer.decoderBlocksTTL stays the ceiling."""
+
+    quantile_percent: int = Field(
+        90,
+        description="Keep a handle for this quantile of the learned gap between turns, in "
+        "percent (50 to 99).",
+        ge=50,
+        le=99,
+    )
+    minimum: Duration = Field(
+        "10s",
+        description="Never release earlier than this; positive and below "
+        "kvTransfer.decoderBlocksTTL.",
+    )
+
+
+class TuningSpec(_Model):
+    """How each turn picks its path (pull, recompute, continue on D) and how long D retains
+    blocks. The router reloads this while running: a change here restarts no pod."""
+
+    mode: Literal["Static", "Adaptive"] = Field(
+        "Static",
+        description="Static: always pull a verified history above recomputeThreshold and keep "
+        "blocks for the TTLs (the fixed behaviour). Adaptive: the router learns the costs and "
+        "the gaps between turns from its own observations and decides per turn.",
+    )
+    break_even: BreakEvenBounds = Field(
+        default_factory=lambda: BreakEvenBounds(),
+        description="Bounds on the learned pull/recompute break-even (Adaptive).",
+    )
+    continue_on_decode: ContinueOnDecodeSpec = Field(
+        default_factory=lambda: ContinueOnDecodeSpec(),
+        description="The continue-on-decode path and its bounds (Adaptive).",
+    )
+    retention: RetentionSpec = Field(
+        default_factory=lambda: RetentionSpec(),
+        description="Learned retention of D's blocks (Adaptive).",
+    )
+    decode_memory_budget_percent: int = Field(
+        50,
+        description="Percent of D's KV blocks that retained conversations may hold (Adaptive); "
+        "beyond it the least likely to return are released first.",
+        ge=1,
+        le=100,
+    )
+
+
 class KVTransferSpec(_Model):
     """Bidirectional KV transfer: D keeps a turn's blocks so P can pull them next turn."""
 
@@ -404,6 +485,11 @@ class KVTransferSpec(_Model):
     )
     load_failure_policy: Literal["recompute", "fail"] = Field(
         "recompute", description="What P does when a KV read fails: recompute, or fail the request."
+    )
+    tuning: TuningSpec = Field(
+        default_factory=lambda: TuningSpec(),
+        description="Per-turn path choice and learned retention (Static or Adaptive); "
+        "reloaded by the router while running, so a change restarts no pod.",
     )
 
 
@@ -569,6 +655,8 @@ INTERNAL_LB_ANNOTATIONS = (
 """What makes an AWS load balancer internal (the AWS Load Balancer Controller's annotation,
 and the in-tree cloud provider's); any other LoadBalancer Service is internet-facing."""
 
+_TUNING = "self.kvTransfer.tuning"
+
 RULES: tuple[Rule[DisaggregatedDeploymentSpec], ...] = (
     Rule(
         cel="!has(self.router.conversationTTL) || "
@@ -656,6 +744,37 @@ RULES: tuple[Rule[DisaggregatedDeploymentSpec], ...] = (
         check=lambda s: not s.placement.required or s.placement.topology_key is not None,
     ),
     Rule(
+        cel=f"{_TUNING}.breakEven.minTokens <= {_TUNING}.breakEven.maxTokens",
+        message="spec.kvTransfer.tuning.breakEven.minTokens must not exceed "
+        "spec.kvTransfer.tuning.breakEven.maxTokens",
+        field_path=".kvTransfer.tuning.breakEven.minTokens",
+        check=lambda s: (
+            s.kv_transfer.tuning.break_even.min_tokens <= s.kv_transfer.tuning.break_even.max_tokens
+        ),
+    ),
+    Rule(
+        cel=f"duration({_TUNING}.continueOnDecode.itlBudget) > duration('0s')",
+        message="spec.kvTransfer.tuning.continueOnDecode.itlBudget must be positive",
+        field_path=".kvTransfer.tuning.continueOnDecode.itlBudget",
+        check=lambda s: duration_ns(s.kv_transfer.tuning.continue_on_decode.itl_budget) > 0,
+    ),
+    Rule(
+        cel=f"duration({_TUNING}.retention.minimum) > duration('0s')",
+        message="spec.kvTransfer.tuning.retention.minimum must be positive",
+        field_path=".kvTransfer.tuning.retention.minimum",
+        check=lambda s: duration_ns(s.kv_transfer.tuning.retention.minimum) > 0,
+    ),
+    Rule(
+        cel=f"duration({_TUNING}.retention.minimum) < duration(self.kvTransfer.decoderBlocksTTL)",
+        message="spec.kvTransfer.tuning.retention.minimum must be below "
+        "spec.kvTransfer.decoderBlocksTTL (the ceiling of retention)",
+        field_path=".kvTransfer.tuning.retention.minimum",
+        check=lambda s: (
+            duration_ns(s.kv_transfer.tuning.retention.minimum)
+            < duration_ns(s.kv_transfer.decoder_blocks_ttl)
+        ),
+    ),
+    Rule(
         cel="self.prefill.resources.gpus == 0 || "
         "self.prefill.resources.gpus % self.prefill.tensorParallelSize == 0",
         message="spec.prefill.resources.gpus must be a multiple of spec.prefill.tensorParallelSize",
@@ -711,6 +830,16 @@ class RouterStatus(_Model):
     url: str | None = Field(None, description="In-cluster URL of the OpenAI-compatible API.")
 
 
+class PathShares(_Model):
+    """How the router served its turns: percent of turns per path."""
+
+    pull: int = Field(description="Percent of turns that pulled the history from D.")
+    recompute: int = Field(description="Percent of turns P computed in full.")
+    continue_: int = Field(
+        alias="continue", description="Percent of turns that continued on the D holding them."
+    )
+
+
 class EffectiveKVTransfer(_Model):
     """The kv-transfer settings the engines and router actually run with, defaults resolved."""
 
@@ -725,6 +854,29 @@ class EffectiveKVTransfer(_Model):
     )
     backend: str = Field(description="NIXL backend in use.")
     load_failure_policy: str = Field(description="P's policy on failed KV reads.")
+    mode: str = Field(description="Tuning mode in force: Static or Adaptive.")
+    break_even_tokens: int | None = Field(
+        None,
+        description="Adaptive: the learned pull/recompute break-even, in history tokens "
+        "(read from the router).",
+    )
+    retention_seconds: int | None = Field(
+        None, description="Adaptive: how long the router now keeps a handle on D, learned."
+    )
+    path_shares: PathShares | None = Field(
+        None, description="Adaptive: percent of turns per path since the router started."
+    )
+    retained_blocks: int | None = Field(
+        None, description="Adaptive: KV blocks retained handles hold on D (the memory held)."
+    )
+    retained_percent: int | None = Field(
+        None, description="Adaptive: those blocks as a percent of D's KV blocks."
+    )
+    observed_at: str | None = Field(
+        None,
+        description="Adaptive: when the router reported these learned values (RFC 3339); kept "
+        "while they stay the same, so a settled router writes no status.",
+    )
 
 
 class Condition(_Model):

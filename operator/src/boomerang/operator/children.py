@@ -6,7 +6,9 @@ puts what others reference first (RBAC and config before the pods that use them)
 
 `CHILD_KINDS` is the one table of the kinds those children are: the API client's paths
 (kube.py), the watches that repair drift (handlers.py) and the chart's RBAC (a test checks it
-grants exactly these) all read it. A builder of a new kind adds its row here.
+grants exactly these) all read it. A builder of a new kind adds its row here. `CREATED_KINDS`
+and `CREATE_ONLY_KINDS` are the children created once and never applied again (a role's
+scaler; the lease token, which the operator may not even read).
 """
 
 from __future__ import annotations
@@ -60,6 +62,11 @@ CREATED_KINDS: tuple[Kind, ...] = (
 )
 """Kinds the operator creates once when missing and never applies again (a role's scaler,
 scaling.py: its spec belongs to whoever scales it). The chart grants them the same verbs."""
+
+CREATE_ONLY_KINDS: tuple[Kind, ...] = (Kind("v1", "Secret", "secrets"),)
+"""Kinds the operator may create and nothing else: not read, list, watch or patch. The lease
+token's Secret (leasetoken.py) is created blind, an existing one answering 409, so the operator
+never reads a Secret's data; a deleted token is created anew by the next full reconcile."""
 
 
 def desired_children(

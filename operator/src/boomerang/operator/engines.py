@@ -8,6 +8,8 @@ entry the router watches. Why these pod details:
 - EFA needs the `vpc.amazonaws.com/efa` devices, IPC_LOCK to register memory, hugepages;
 - model loading takes minutes: a startup probe with a long budget guards the readiness probe;
 - the config hash annotation rolls pods on any change; the engine revision rolls both roles;
+- the lease token (the router's key to D's lease API) comes from the deployment's Secret by
+  reference, so its value never enters the config hash;
 - decode's RollingUpdate partition holds its pods while prefill rolls (see rollout.py).
 """
 
@@ -185,6 +187,7 @@ def _env(dd: DisaggregatedDeployment, role: Role) -> list[dict[str, Any]]:
     ]
     literal = {**render.engine_env(dd, role), **CACHE_ENV}
     env += [{"name": k, "value": v} for k, v in sorted(literal.items())]
+    env.append(render.lease_token_env(dd))  # the lease API both roles serve (the router calls D)
     env += [
         {"name": var.name, "valueFrom": dict(var.value_from)}
         for var in render.user_env(dd, role)

@@ -9,6 +9,8 @@
   server filters the watch by that label) changing while not ready: `refresh_status()`, so a pod
   that cannot be scheduled, pulled or started shows in status within seconds (pods.py); a pod
   becoming ready changes its workload's status, which refreshes status already;
+- an Adaptive resource (`kvTransfer.tuning.mode`), on a timer: its router's learned state goes
+  to status (routerstate.py);
 - the resource deleted: it leaves the operator's metrics (metrics.py), which count every full
   reconcile and each resource's Ready state.
 Status is computed and written under a per-resource lock from fresh reads (see reconcile.py).
@@ -26,7 +28,7 @@ from typing import Any
 
 import kopf
 
-from boomerang.operator import api, metrics, reconcile, render, scaler_api, scaling
+from boomerang.operator import api, metrics, reconcile, render, routerstate, scaler_api, scaling
 from boomerang.operator.children import CHILD_KINDS
 from boomerang.operator.kube import Kube
 
@@ -36,6 +38,7 @@ _MANAGED = {"app.kubernetes.io/managed-by": render.MANAGER}
 _kube: Kube | None = None
 _gate = reconcile.StatusGate()
 METRICS = metrics.OperatorMetrics()
+_poller = routerstate.Poller()
 
 
 def kube() -> Kube:
@@ -87,7 +90,28 @@ def _reconcile(body: Mapping[str, Any]) -> reconcile.Outcome:
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
 def on_resource_event(event: kopf.RawEvent, **_: Any) -> None:
     if event["type"] == "DELETED":
-        METRICS.forget(metrics.key_of(event["object"]))
+        key = metrics.key_of(event["object"])
+        METRICS.forget(key)
+        _gate.learned.pop(key, None)
+        _poller.forget(key)
+
+
+def _adaptive(spec: kopf.Spec, **_: Any) -> bool:
+    tuning = (spec.get("kvTransfer") or {}).get("tuning") or {}
+    return bool(tuning.get("mode") == "Adaptive")
+
+
+@kopf.timer(
+    api.GROUP, api.VERSION, api.PLURAL, interval=routerstate.POLL_INTERVAL_S, when=_adaptive
+)
+async def poll_router_state(body: kopf.Body, **_: Any) -> None:
+    """Adaptive tuning: what the router learned goes to status (routerstate.py)."""
+    if body.metadata.get("deletionTimestamp"):
+        return
+    outcome = await _poller.poll(body, kube(), _now, _gate)
+    if outcome is not None:
+        METRICS.observe_status(metrics.key_of(body), outcome.status)
+        _post(body, outcome)
 
 
 def _owner(namespace: str, labels: Mapping[str, str]) -> dict[str, Any] | None:

@@ -19,7 +19,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from boomerang.operator import api
-from boomerang.operator.children import CHILD_KINDS, CREATED_KINDS, Kind
+from boomerang.operator.children import CHILD_KINDS, CREATE_ONLY_KINDS, CREATED_KINDS, Kind
 from boomerang.operator.render import MANAGER
 
 REQUEST_TIMEOUT_S = 30
@@ -31,7 +31,7 @@ _OWN = Kind(api.API_VERSION, api.KIND, api.PLURAL)
 # (apiVersion, kind) -> (path prefix, plural)
 _RESOURCES: Mapping[tuple[str, str], tuple[str, str]] = {
     (k.api_version, k.kind): (k.path, k.plural)
-    for k in (*CHILD_KINDS, *CREATED_KINDS, *_READ_ONLY, _OWN)
+    for k in (*CHILD_KINDS, *CREATED_KINDS, *CREATE_ONLY_KINDS, *_READ_ONLY, _OWN)
 }
 
 
@@ -48,6 +48,10 @@ class KubeAPI(Protocol):
     """What the reconciler needs from the cluster."""
 
     def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    def create(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Create an object once: None when one of that name exists already."""
+        ...
 
     def get(
         self, api_version: str, kind: str, namespace: str, name: str
@@ -126,6 +130,16 @@ class Kube:
         path = object_path(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
         query = [("fieldManager", MANAGER), ("force", "true")]
         return self._call("PATCH", path, dict(obj), "application/apply-patch+yaml", query)
+
+    def create(self, obj: Mapping[str, Any]) -> dict[str, Any] | None:
+        meta = obj["metadata"]
+        path = collection_path(obj["apiVersion"], obj["kind"], meta["namespace"])
+        try:
+            return self._call("POST", path, dict(obj), query=[("fieldManager", MANAGER)])
+        except KubeError as exc:
+            if exc.status == 409:
+                return None
+            raise
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -4,7 +4,8 @@ Level-based, as kopf and controller-runtime recommend: read the whole desired st
 child with server-side apply (correcting any drift), then read the resource and its workloads
 fresh, compute status, and write it only when it changed. Nothing here branches on
 "was this a create or an update". The kopf wiring in `handlers.py` calls these functions and
-emits the events they return.
+emits the events they return. The one child that is not applied is the lease token's Secret:
+created when missing and never rewritten (leasetoken.py), so a reconcile never rotates it.
 
 Status also says why pods are not ready. A full reconcile compares each engine role's GPU and
 EFA request with the nodes its pods may run on (preflight.py), so a pod no node can hold is
@@ -28,14 +29,24 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
 
 from boomerang.connector.config import ROLES
-from boomerang.operator import engines, pods, preflight, render, revisions, rollout, scaling
+from boomerang.operator import (
+    engines,
+    leasetoken,
+    pods,
+    preflight,
+    render,
+    revisions,
+    rollout,
+    scaling,
+    tuning,
+)
 from boomerang.operator.api import API_VERSION, KIND, DisaggregatedDeployment
 from boomerang.operator.children import desired_children
 from boomerang.operator.kube import KubeAPI, KubeError
@@ -46,6 +57,7 @@ from boomerang.operator.status import (
     condition_changes,
     invalid_status,
 )
+from boomerang.operator.statusgate import StatusGate as StatusGate
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +93,33 @@ def reconcile(
         children = desired_children(dd, decode_held=rollout.decode_held(dd, prefill, decode))
     except ValidationError as exc:
         return _invalid(body, kube, now, exc)
+    try:
+        error = _converge(dd, kube, children)
+    except _Terminating:
+        log.info("Skipped reconcile name=%s reason=namespace terminating", dd.name)
+        return Outcome(status=dict(body.get("status") or {}))
+    capacity = _preflight(dd, kube, children, {"prefill": prefill, "decode": decode})
+    return refresh_status(body, kube, now, gate, error=error, capacity=capacity, full=True)
+
+
+class _Terminating(Exception):
+    """The namespace is being deleted: nothing is left to converge."""
+
+
+def _converge(
+    dd: DisaggregatedDeployment, kube: KubeAPI, children: list[dict[str, Any]]
+) -> str | None:
+    """Create the lease token's Secret when missing (before the pods that read it; it is never
+    applied again), then apply every child: what failed, as one message (None: nothing)."""
+    unmade = None
+    try:
+        leasetoken.ensure(dd, kube)
+    except KubeError as exc:
+        if _namespace_terminating(exc):
+            raise _Terminating from exc
+        secret = render.lease_token_secret(dd)
+        log.warning("Failed to create Secret name=%s reason=%s", secret, exc.reason)
+        unmade = f"Secret {secret} not created: {exc.reason}"
     failed: dict[str, str] = {}
     for obj in children:
         kind, name = obj["kind"], obj["metadata"]["name"]
@@ -88,13 +127,11 @@ def reconcile(
             kube.apply(obj)
         except KubeError as exc:
             if _namespace_terminating(exc):
-                log.info("Skipped reconcile name=%s reason=namespace terminating", dd.name)
-                return Outcome(status=dict(body.get("status") or {}))
+                raise _Terminating from exc
             log.warning("Failed to apply %s name=%s reason=%s", kind, name, exc.reason)
             failed[f"{kind} {name}"] = exc.reason
-    capacity = _preflight(dd, kube, children, {"prefill": prefill, "decode": decode})
-    error = _apply_error(failed, children)
-    return refresh_status(body, kube, now, gate, error=error, capacity=capacity, full=True)
+    errors = [e for e in (unmade, _apply_error(failed, children)) if e]
+    return "; ".join(errors)[:_MESSAGE_MAX] if errors else None
 
 
 def _preflight(
@@ -161,13 +198,15 @@ def refresh_status(
     error: str | None = None,
     capacity: Mapping[str, str] | None = None,
     full: bool = False,
+    learned: Mapping[str, Any] | None = None,
 ) -> Outcome:
     """Recompute status from fresh reads of the resource and its workloads, and write it.
 
     Reads and the write happen under the resource's lock, so concurrent handlers (a reconcile
     and a workload event) cannot land a status computed from older reads after a newer one.
     A full reconcile records its own `error` (None clears a past failure) and preflight
-    `capacity`; an event-driven refresh shows the last reconcile's.
+    `capacity`; an event-driven refresh shows the last reconcile's. `learned` is what the
+    router reported it learned (routerstate.py), kept until its next report.
     """
     meta = body.get("metadata", {})
     key = (str(meta.get("namespace") or "default"), str(meta.get("name")))
@@ -175,6 +214,8 @@ def refresh_status(
     if full:
         gate.errors[key] = error
         gate.capacity[key] = dict(capacity or {})
+    if learned is not None:
+        gate.learned[key] = dict(learned)
     outcome = gate.run_once(key, lambda: _refresh(key, kube, now, gate))
     return outcome or Outcome(status={})
 
@@ -206,7 +247,10 @@ def _refresh(key: tuple[str, str], kube: KubeAPI, now: str, gate: StatusGate) ->
     findings = {c: pods.diagnose(listed[c]) for c in _not_ready(observed) if c in listed}
     found = {c: finding for c, finding in findings.items() if finding is not None}
     diagnosis = Diagnosis(pods=found, capacity=capacity)
-    return _finish(dd, observed, previous, kube, now, error, diagnosis, listed)
+    if not tuning.adaptive(dd):
+        gate.learned.pop(key, None)  # a later switch to Adaptive waits for a fresh report
+    learned = tuning.in_force(previous, gate.learned.get(key), now)
+    return _finish(dd, observed, previous, kube, now, error, diagnosis, listed, learned)
 
 
 def _not_ready(observed: Mapping[str, Mapping[str, Any] | None]) -> set[str]:
@@ -264,45 +308,6 @@ def _release_decode(dd: DisaggregatedDeployment, kube: KubeAPI) -> Mapping[str, 
     return released
 
 
-class StatusGate:
-    """Serialise status refreshes per resource, coalescing the ones that pile up.
-
-    Handlers run in a thread pool. A refresh requested while another runs for the same
-    resource does not wait (a blocked thread would starve the pool during event storms): it
-    marks the resource dirty and returns; the running refresh then goes round once more, so
-    the last status written is always computed after the last event arrived.
-    """
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._running: set[tuple[str, str]] = set()
-        self._dirty: set[tuple[str, str]] = set()
-        self.errors: dict[tuple[str, str], str | None] = {}
-        """Per resource: the failure of its last full reconcile (None: it succeeded)."""
-        self.capacity: dict[tuple[str, str], dict[str, str]] = {}
-        """Per resource: its last full reconcile's preflight shortfalls, by role."""
-
-    def run_once(self, key: tuple[str, str], fn: Callable[[], Outcome]) -> Outcome | None:
-        with self._guard:
-            if key in self._running:
-                self._dirty.add(key)
-                return None
-            self._running.add(key)
-        try:
-            while True:
-                outcome = fn()
-                with self._guard:
-                    if key not in self._dirty:
-                        self._running.discard(key)
-                        return outcome
-                    self._dirty.discard(key)
-        except BaseException:
-            with self._guard:
-                self._running.discard(key)
-                self._dirty.discard(key)
-            raise
-
-
 def _namespace_terminating(exc: KubeError) -> bool:
     return exc.status == 403 and "being terminated" in exc.reason
 
@@ -354,8 +359,11 @@ def _finish(
     error: str | None,
     diagnosis: Diagnosis,
     listed: Mapping[str, list[dict[str, Any]]],
+    learned: Mapping[str, Any],
 ) -> Outcome:
-    status = compute_status(dd, observed, previous, now, error, diagnosis, pods=listed)
+    status = compute_status(
+        dd, observed, previous, now, error, diagnosis, pods=listed, learned=learned
+    )
     outcome = Outcome(status=status, events=_events(previous, status))
     if status != previous:
         kube.patch_status(dd.namespace, dd.name, status)

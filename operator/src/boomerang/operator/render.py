@@ -24,6 +24,11 @@ ROUTER_CONFIG_DIR = "/etc/boomerang"
 API_KEYS_DIR = "/etc/boomerang/api-keys"
 MODELS_DIR = "/models"
 
+ROUTER_STATE_PATH = "/boomerang/v1/state"
+LEASE_TOKEN_ENV = connector.LEASE_TOKEN_ENV
+"""Where engines (their lease API) and the router read the lease token."""
+LEASE_TOKEN_KEY = "token"
+
 LABEL_DEPLOYMENT = "boomerang.dev/deployment"
 LABEL_ROLE = "boomerang.dev/role"
 ANNOTATION_CONFIG_HASH = "boomerang.dev/config-hash"
@@ -152,8 +157,32 @@ def router_config(
         "handle_ttl_s": dd.spec.router_ttl_seconds,
         "store": {"kind": store.type, "url": store.url or _secret_placeholder(store.type)},
         "api_keys_file": _api_keys_file(dd),
+        "tuning": router_tuning(dd),
     }
     return _without_none(config)
+
+
+ROUTER_RELOADED_KEYS = frozenset({"tuning"})
+"""Sections of the router's configuration it reloads from its mounted file while running:
+left out of the router pods' config hash, so changing them restarts no pod."""
+
+
+def router_tuning(dd: DisaggregatedDeployment) -> dict[str, Any]:
+    """The router's `tuning` section: modes lowercased, durations in seconds, percents as
+    fractions."""
+    tuning = dd.spec.kv_transfer.tuning
+    cont, retention = tuning.continue_on_decode, tuning.retention
+    return {
+        "mode": tuning.mode.lower(),
+        "break_even_min_tokens": tuning.break_even.min_tokens,
+        "break_even_max_tokens": tuning.break_even.max_tokens,
+        "continue_on_decode": cont.enabled,
+        "continue_max_suffix_tokens": cont.max_suffix_tokens,
+        "itl_budget_s": parse_duration(cont.itl_budget),
+        "retention_quantile": retention.quantile_percent / 100,
+        "retention_min_s": parse_duration(retention.minimum),
+        "decode_memory_budget": tuning.decode_memory_budget_percent / 100,
+    }
 
 
 def _without_none(data: dict[str, Any]) -> dict[str, Any]:
@@ -173,6 +202,27 @@ def _api_keys_file(dd: DisaggregatedDeployment) -> str | None:
     return f"{API_KEYS_DIR}/{ref.key}" if ref else None
 
 
-def router_url(dd: DisaggregatedDeployment) -> str:
+def _router_base(dd: DisaggregatedDeployment) -> str:
     port = dd.spec.router.service.port
-    return f"http://{child_name(dd, 'router')}.{dd.namespace}.svc:{port}/v1"
+    return f"http://{child_name(dd, 'router')}.{dd.namespace}.svc:{port}"
+
+
+def router_url(dd: DisaggregatedDeployment) -> str:
+    return f"{_router_base(dd)}/v1"
+
+
+def router_state_url(dd: DisaggregatedDeployment) -> str:
+    """What the router has learned (Adaptive tuning), read by the operator for status."""
+    return f"{_router_base(dd)}{ROUTER_STATE_PATH}"
+
+
+def lease_token_secret(dd: DisaggregatedDeployment) -> str:
+    """`<name>-lease-token`: the Secret whose token lets the router control D's leases."""
+    return child_name(dd, "lease-token")
+
+
+def lease_token_env(dd: DisaggregatedDeployment) -> dict[str, Any]:
+    """The env var that gives a container the lease token, from its Secret: the token's value
+    never appears in a pod template, so it never changes a config hash."""
+    ref = {"name": lease_token_secret(dd), "key": LEASE_TOKEN_KEY}
+    return {"name": LEASE_TOKEN_ENV, "valueFrom": {"secretKeyRef": ref}}

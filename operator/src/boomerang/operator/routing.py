@@ -3,7 +3,9 @@
 The router watches the EndpointSlices of the two headless Services to learn which engine pods
 are ready, so it gets its own ServiceAccount with read access to EndpointSlices in its namespace
 and nothing else. Its configuration is the router's own `RouterConfig`, rendered to YAML in a
-ConfigMap; secrets (Redis URL, API keys) come from Secrets as env and a mounted file.
+ConfigMap; secrets (Redis URL, API keys, the lease token for D's lease API) come from Secrets as
+env and a mounted file. The router reloads its `tuning` section from the mounted file while it
+runs, so that section is kept out of the pods' config hash: tuning changes restart no pod.
 """
 
 from __future__ import annotations
@@ -29,6 +31,15 @@ def _meta(dd: DisaggregatedDeployment, name: str | None = None) -> dict[str, Any
 
 def router_config_yaml(dd: DisaggregatedDeployment) -> str:
     return yaml.safe_dump(render.router_config(dd), sort_keys=True)
+
+
+def restart_config_yaml(dd: DisaggregatedDeployment) -> str:
+    """The part of the router's configuration it reads only at start: what the pods' config
+    hash covers. The sections it reloads while running (`tuning`) are left out, so changing
+    them updates the ConfigMap (kubelet refreshes the mounted file) and restarts no pod."""
+    config = render.router_config(dd)
+    static = {k: v for k, v in config.items() if k not in render.ROUTER_RELOADED_KEYS}
+    return yaml.safe_dump(static, sort_keys=True)
 
 
 def build_config_map(dd: DisaggregatedDeployment) -> dict[str, Any]:
@@ -121,7 +132,7 @@ def build_deployment(dd: DisaggregatedDeployment) -> dict[str, Any]:
         {"metadata": {"labels": render.labels(dd, COMPONENT), "annotations": {}}, "spec": pod},
         router.pod_template,
     )
-    config_hash = render.stable_hash([template, router_config_yaml(dd)])
+    config_hash = render.stable_hash([template, restart_config_yaml(dd)])
     template["metadata"]["annotations"][render.ANNOTATION_CONFIG_HASH] = config_hash
     return {
         "apiVersion": "apps/v1",
@@ -141,7 +152,7 @@ def build_deployment(dd: DisaggregatedDeployment) -> dict[str, Any]:
 
 def _container(dd: DisaggregatedDeployment) -> dict[str, Any]:
     router = dd.spec.router
-    env: list[dict[str, Any]] = []
+    env: list[dict[str, Any]] = [render.lease_token_env(dd)]  # to release and renew D's leases
     ref = router.store.url_secret_ref
     if ref is not None:
         env.append(

@@ -20,6 +20,7 @@ becomes ready or updated: it is the progress deadline's clock, like a Deployment
 `lastUpdateTime`, so a long rollout that keeps moving never exceeds it.
 
 `revisionSkew` compares the engine revisions the pods of both roles run (revisions.py).
+`kvTransfer` carries, for Adaptive tuning, what the router has learned (tuning.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from boomerang.connector.config import ROLES
-from boomerang.operator import engines, render, revisions, rollout, scaling
+from boomerang.operator import engines, render, revisions, rollout, scaling, tuning
 from boomerang.operator.api import (
     Condition,
     DisaggregatedDeployment,
@@ -112,9 +113,11 @@ def compute_status(
     diagnosis: Diagnosis | None = None,
     deadline_s: float = PROGRESS_DEADLINE_S,
     pods: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    learned: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The whole `.status` object; `observed` maps prefill/decode/router to their workloads,
-    `pods` the components whose pods were read (at least each engine role mid-rollout)."""
+    `pods` the components whose pods were read (at least each engine role mid-rollout),
+    `learned` what the router reports it has learned (tuning.in_force; Adaptive only)."""
     generation = int(dd.metadata.get("generation") or 0)
     roles: dict[str, Workload] = {
         role: workload(
@@ -129,7 +132,7 @@ def compute_status(
         prefill=_role_status(roles["prefill"]),
         decode=_role_status(roles["decode"]),
         router=RouterStatus(desired=router.desired, ready=router.ready, url=render.router_url(dd)),
-        kv_transfer=_effective_kv(dd),
+        kv_transfer=_effective_kv(dd, learned),
         engine_revision=render.engine_revision(dd),
         revision_skew=skew,
     )
@@ -336,9 +339,14 @@ def _role_status(w: Workload) -> RoleStatus:
     return RoleStatus(desired=w.desired, ready=w.ready, updated=w.updated)
 
 
-def _effective_kv(dd: DisaggregatedDeployment) -> EffectiveKVTransfer:
+def _effective_kv(
+    dd: DisaggregatedDeployment, learned: Mapping[str, Any] | None
+) -> EffectiveKVTransfer:
     kv = dd.spec.kv_transfer
+    found = dict(learned or {}) if tuning.adaptive(dd) else {}
     return EffectiveKVTransfer(
+        **found,
+        mode=kv.tuning.mode,
         bidirectional=kv.bidirectional,
         recompute_threshold=kv.recompute_threshold,
         decoder_blocks_ttl_seconds=round(parse_duration(kv.decoder_blocks_ttl)),
