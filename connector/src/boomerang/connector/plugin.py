@@ -10,7 +10,9 @@ How: vLLM calls `register()` in every process at start-up (entry point group
 `vllm.general_plugins`). In the API server it wraps the chat and completion stream generators:
 the engine's `RequestOutput`s are observed on their way in (the last non-empty
 `kv_transfer_params` is kept), and each outgoing SSE event whose choices finished gets the field.
-It also applies two CPU fixes measured on the CPU build (`nixl_quiet`, `cpu_pinning`), and
+It also applies two CPU fixes measured on the CPU build (`nixl_quiet`, `cpu_pinning`), makes
+D's worker track the blocks of requests D served alone (`own_requests`: without it vLLM 0.32
+never frees them), and
 publishes the engine's revision on `/metrics` (`revision`) for the router's P/D pairing.
 
 Events are rewritten only when the request asked for KV transfer (the engine then returns
@@ -117,12 +119,14 @@ def register() -> None:
         import vllm
     except ImportError:  # not inside a vLLM process
         return
-    from boomerang.connector import cpu_pinning, nixl_quiet, revision
+    from boomerang.connector import cpu_pinning, nixl_quiet, own_requests, revision
 
     if (published := revision.publish()) is not None:
         logger.debug("boomerang: engine revision %s published on /metrics", published)
     if nixl_quiet.apply():
         logger.debug("boomerang: NIXL progress thread delay raised")
+    if own_requests.apply():
+        logger.debug("boomerang: D's own requests are announced to the NIXL worker")
     if cpu_pinning.apply():
         logger.debug("boomerang: KV transfer thread pinned per BOOMERANG_KV_CPUS")
     _patch_streams(getattr(vllm, "__version__", "0"))
