@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from test_reconcile import NOW, MemoryKube, body
 from test_operator_tuning import STATE
+from test_reconcile import NOW, MemoryKube, body
 
 from boomerang.operator import handlers, render, routerstate
 from boomerang.operator.reconcile import StatusGate, reconcile
