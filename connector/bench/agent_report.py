@@ -1,16 +1,17 @@
 """What one replay of the agent workload measured, as numbers, a table and a chart (pure).
 
 Kept apart from the runner (`bench_agents.py`, which does the I/O) so the arithmetic is tested
-without engines, and so that result files of separate runs (static today, adaptive later) are
+without engines, and so that result files of separate runs (static and adaptive) are
 summarised and compared by the same code: `--compare a.json b.json` reads only these files.
 
 - TTFT p50 / p99 per suffix bucket: a follow-up turn's bucket is the size of its new suffix;
   turn 1 (nothing to reuse) is its own row. Percentiles are nearest-rank: with n turns in a
   row, p99 is the slowest one until n reaches 100.
-- Share of turns per path: the router's reuse outcome of each turn (hit, partial, miss,
+- Share of turns per outcome: the router's reuse outcome of each turn (hit, partial, miss,
   expired, rejected, fallback), `error` when the turn failed, `unknown` when the router
-  logged no line for it.
-- Hit rate: hit or partial among follow-up turns (turn 1 can only miss).
+  logged no line for it; and per path the router took (pull, recompute, continue).
+- Hit rate: follow-up turns (turn 1 can only miss) that found their history retained and
+  verified (`found_retained`), whatever path then served them.
 - D's retained KV: the integral over time of D's used KV blocks, sampled from D's own
   `vllm:kv_cache_usage_perc`, by the trapezoid rule, with a bound on the sampling error.
 """
@@ -63,6 +64,13 @@ def block_seconds(samples: Sequence[tuple[float, float]]) -> tuple[float, float]
     return area, bound
 
 
+def found_retained(record: dict[str, Any]) -> bool:
+    """Whether the turn found its history retained and verified: a hit or a partial, or (an
+    adaptive router) a verified handle it chose to recompute past because that was cheaper.
+    The hit rate counts these, so it measures retention, whatever path then served the turn."""
+    return record["outcome"] in ("hit", "partial") or record.get("chosen") == "recompute"
+
+
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """TTFT per bucket, share per outcome and the hit rate of one run's turn records."""
     rows = []
@@ -82,10 +90,12 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     total = len(records) or 1
     shares = {o: sum(r["outcome"] == o for r in records) / total for o in OUTCOMES}
     follow = [r for r in records if r["turn"] > 1]
-    hits = sum(r["outcome"] in ("hit", "partial") for r in follow)
+    hits = sum(found_retained(r) for r in follow)
+    paths = sorted({str(r["path"]) for r in records if r.get("path")})
     return {
         "rows": rows,
         "shares": shares,
+        "path_shares": {p: sum(r.get("path") == p for r in records) / total for p in paths},
         "hit_rate": hits / len(follow) if follow else None,
         "turns": len(records),
         "errors": sum(r["outcome"] == "error" for r in records),
@@ -116,6 +126,9 @@ def format_table(results: Sequence[dict[str, Any]]) -> str:
         if any(r["summary"]["shares"][outcome] for r in results):
             cells = [_pct(r["summary"]["shares"][outcome]) for r in results]
             lines.append(f"| share {outcome} | " + " | ".join(cells) + " |")
+    for path in sorted({p for r in results for p in r["summary"].get("path_shares", {})}):
+        cells = [_pct(r["summary"].get("path_shares", {}).get(path, 0.0)) for r in results]
+        lines.append(f"| share path {path} | " + " | ".join(cells) + " |")
     lines.append("| hit rate (turns 2+) | " + _cells(results, "hit_rate") + " |")
     kv = [r["kv"] for r in results]
     lines.append(

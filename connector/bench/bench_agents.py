@@ -10,16 +10,20 @@ first streamed token), the suffix size and the router's reuse outcome (the route
 D's KV usage from D's `/metrics` for the whole run and until D has freed what it retained.
 
 Modes are router configurations (`MODES`): "static" is the router's defaults, the behaviour
-today; an adaptive mode adds its overrides there. The same `--seed` gives the same plan (its
-fingerprint is printed and stored), so two runs' result files compare side by side:
+today; "adaptive" turns on the router's adaptive tuning (per-turn path choice, learned
+retention). The same `--seed` gives the same plan (its fingerprint is printed and stored), so
+two runs' result files compare side by side:
 
     make bench-agents ARGS="--quick"                 # about 3 minutes: proves the pipeline
     make bench-agents                                # about 12 minutes: the static baseline
-    make bench-agents ARGS="--compare connector/bench/agents-static.json other.json"
+    make bench-agents ARGS="--mode adaptive"         # the same plan, adaptive
+    make bench-agents ARGS="--compare connector/bench/agents-static.json \
+                                      connector/bench/agents-adaptive.json"
 
 Think times are real-world seconds in the plan and multiplied by `--time-scale` when replayed
 (tens of seconds each would make a CPU run last hours); D's TTL is scaled by the same factor
-(floor 30 s, the operator's minimum) so that which gaps outlive it stays as in the real world.
+(floor 30 s, the operator's minimum) so that which gaps outlive it stays as in the real world;
+an adaptive router's retention floor (`retention_min_s`) is scaled alike (floor 1 s).
 """
 
 from __future__ import annotations
@@ -42,19 +46,38 @@ import agent_workload as aw
 import machine
 import pdclient
 import yaml
+from bench_paths import ITL_BUDGET_S
 from bench_ttft import REPO, start_engines, start_routers, stop_all
 
 from boomerang.local import calibrate, stack
 from boomerang.local.engine_client import samples, totals
 
-MODES: dict[str, dict[str, Any]] = {"static": {}}
-"""Router configuration overrides per mode: "static" is the defaults (an adaptive mode joins
-here with its own settings, and replays the same plan)."""
+MODES: dict[str, dict[str, Any]] = {
+    "static": {},
+    "adaptive": {"tuning": {"mode": "adaptive", "itl_budget_s": ITL_BUDGET_S}},
+}
+"""Router configuration overrides per mode: "static" is the defaults (today's behaviour),
+"adaptive" the router's adaptive tuning with its own defaults; both replay the same plan."""
 REAL_TTL_S = 480.0
 """D's default decoder TTL, which the scaled TTL stands for."""
 MIN_TTL_S = 30.0
 """The operator refuses a shorter decoderBlocksTTL."""
 USAGE = "vllm:kv_cache_usage_perc"
+
+
+REAL_RETENTION_MIN_S = 10.0
+"""The router's default `retention_min_s`, scaled like D's TTL (floor 1 s)."""
+
+
+def scaled(overrides: dict[str, Any], time_scale: float) -> dict[str, Any]:
+    """A mode's router overrides with its time constants scaled like the think times: an
+    adaptive router's retention floor, as D's TTL is (so that which gaps it covers stays as
+    in the real world)."""
+    tuning = overrides.get("tuning")
+    if not tuning or tuning.get("mode") != "adaptive" or "retention_min_s" in tuning:
+        return overrides
+    floor = max(1.0, round(REAL_RETENTION_MIN_S * time_scale, 2))
+    return {**overrides, "tuning": {**tuning, "retention_min_s": floor}}
 
 
 def manifest(ttl_s: float) -> Any:
@@ -191,7 +214,7 @@ def attach_outcomes(records: list[dict[str, Any]], served: dict[str, dict[str, A
         if rec.get("outcome") != "error":
             rec["outcome"] = entry["reuse"] if entry else "unknown"
         if entry:
-            rec.update(reused_tokens=entry.get("reused_tokens"), alone=entry.get("alone"))
+            rec.update({k: entry.get(k) for k in ("reused_tokens", "alone", "path", "chosen")})
 
 
 def replay(ctx: dict[str, Any], plan: aw.Plan, scale: float, sampler: KvSampler) -> dict[str, Any]:
@@ -289,7 +312,7 @@ def start_stack(
             f"{recomputed / 60:.1f} min with none"
         )
         print(args.header, flush=True)
-        overrides = {**MODES[args.mode], "log_json": True}
+        overrides = {**scaled(MODES[args.mode], args.time_scale), "log_json": True}
         start_routers(dd, run_dir, ctx, timeouts, pids, {args.label: overrides})
     except BaseException:
         stop_all(pids)

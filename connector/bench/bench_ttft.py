@@ -293,19 +293,25 @@ def stop_all(pids: list[int]) -> None:
         processes.stop(pid, timeout=30)
 
 
-def start_engines(dd: Any, run_dir: Path, venv: Path) -> tuple[dict[str, Any], list[int]]:
+def start_engines(
+    dd: Any, run_dir: Path, venv: Path, ports: stack.LocalPorts = PORTS
+) -> tuple[dict[str, Any], list[int]]:
+    """P and D as `boomerang up` runs them, lease API on (the run dir's token)."""
     env = dict(os.environ)
     stack.build_model(venv, dd.spec.model.source, env)
+    token = stack.read_lease_token(run_dir)
     specs = [
-        stack.engine_spec(dd, r, engine_venv=venv, ports=PORTS, run_dir=run_dir, base_env=env)
+        stack.engine_spec(
+            dd, r, engine_venv=venv, ports=ports, run_dir=run_dir, base_env=env, lease_token=token
+        )
         for r in ("prefill", "decode")
     ]
     pids = [processes.spawn(spec).pid for spec in specs]
     for spec, pid in zip(specs, pids, strict=True):
         processes.wait_healthy(spec, pid, 900)
     ctx: dict[str, Any] = {"model": dd.spec.model.served_name}
-    ctx["p"] = f"http://127.0.0.1:{PORTS.prefill}"
-    ctx["d"] = f"http://127.0.0.1:{PORTS.decode}"
+    ctx["p"] = f"http://127.0.0.1:{ports.prefill}"
+    ctx["d"] = f"http://127.0.0.1:{ports.decode}"
     return ctx, pids
 
 
@@ -323,11 +329,16 @@ def start_routers(
     timeouts: dict[str, float],
     pids: list[int],
     routers: dict[str, dict[str, Any]] = ROUTERS,
+    ports: stack.LocalPorts = PORTS,
 ) -> None:
-    """One router per entry (name -> config overrides), timeouts sized by this machine."""
+    """One router per entry (name -> config overrides), timeouts sized by this machine, with
+    the run dir's lease token (so an adaptive router can release D's blocks)."""
+    token_file = str(stack.lease_token_file(run_dir))
     for i, (mode, overrides) in enumerate(routers.items()):
-        port = PORTS.router + i
-        cfg = stack.router_settings(dd, PORTS, listen_port=port, timeouts=timeouts, **overrides)
+        port = ports.router + i
+        cfg = stack.router_settings(
+            dd, ports, listen_port=port, timeouts=timeouts, lease_token_file=token_file, **overrides
+        )
         cfg_file = run_dir / f"{mode}.yaml"
         cfg_file.write_text(yaml.safe_dump(cfg))
         spec = stack.router_spec(mode, cfg_file, port, run_dir, dict(os.environ))

@@ -167,6 +167,21 @@ def test_the_summary_counts_paths_and_the_hit_rate_of_follow_up_turns() -> None:
     assert rows["all"]["p50_s"] == 2.0 and rows["<=1024"]["p50_s"] is None
 
 
+def test_a_verified_turn_the_router_chose_to_recompute_still_found_its_history() -> None:
+    records = [
+        {**record(1, 900, "miss", 2.0), "path": "recompute"},
+        {**record(2, 10, "hit", 0.1), "path": "continue", "chosen": "continue"},
+        {**record(3, 40, "fallback", 0.5), "path": "recompute", "chosen": "recompute"},
+        {**record(4, 40, "fallback", 0.5), "path": "recompute"},  # no verified handle
+        {**record(5, 900, "hit", 0.6), "path": "pull", "chosen": "pull"},
+    ]
+    summary = agent_report.summarize(records)
+    assert summary["hit_rate"] == pytest.approx(3 / 4)
+    assert summary["path_shares"] == {"continue": 0.2, "pull": 0.2, "recompute": 0.6}
+    table = agent_report.format_table([{**fake_result("a"), "summary": summary}])
+    assert "| share path continue | 20% |" in table
+
+
 def fake_result(label: str) -> dict[str, object]:
     records = [record(1, 900, "miss", 2.0), record(2, 10, "hit", 0.2)]
     kv = {"block_s": 1200.0, "error_block_s": 30.0, "peak_blocks": 40.0}
@@ -272,3 +287,13 @@ def test_a_replay_chains_each_prompt_from_the_last_prompt_its_output_and_the_new
             expected = expected + [100 + i for i in range(turn.max_tokens)]
     assert len(run["records"]) == len(list(plan.turns()))
     assert all(r["ttft_s"] is not None for r in run["records"])
+
+
+def test_an_adaptive_routers_retention_floor_is_scaled_like_ds_ttl() -> None:
+    adaptive = bench_agents.scaled(bench_agents.MODES["adaptive"], 0.1)
+    assert adaptive["tuning"]["retention_min_s"] == 1.0
+    assert adaptive["tuning"]["mode"] == "adaptive"
+    assert (
+        bench_agents.scaled(bench_agents.MODES["adaptive"], 0.5)["tuning"]["retention_min_s"] == 5.0
+    )
+    assert bench_agents.scaled(bench_agents.MODES["static"], 0.1) == {}
