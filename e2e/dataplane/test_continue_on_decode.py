@@ -5,9 +5,9 @@ the history) rests on three facts of the engine, checked here: a plain request t
 KV-transfer intent (`do_remote_prefill` and `do_remote_decode` both false) is served from D's
 own cache for the history D holds and computes only the rest; its answer equals one engine
 computing the whole prompt; and D, with bidirectional transfer on, answers with a fresh handle
-for its blocks, which the next turn's P can pull as after any P/D turn. No plugin change is
-needed for this on 0.32: D's scheduler treats such a request as its own decode request and
-keeps its blocks for the decoder TTL.
+for its blocks, which the next turn's P can pull as after any P/D turn. D's scheduler keeps
+such a request's blocks for the decoder TTL; on 0.32 only Boomerang's plugin makes D's worker
+free them again (`boomerang.connector.own_requests`, `test_own_requests_freed.py`).
 """
 
 from __future__ import annotations
