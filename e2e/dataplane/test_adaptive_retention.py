@@ -4,8 +4,9 @@ Boomerang's plugin): D's memory follows the traffic instead of the decoder TTL.
 - Adaptive mode: once the router has learned that this traffic's conversations come back at
   once (a few quick turns), a conversation that does not come back has D's blocks released
   after `retention_min_s` (1 s) plus a sweep, and D's `vllm:kv_cache_usage_perc` is back to
-  its baseline within seconds, not the 480 s TTL; the conversation's next turn then finds no
-  handle and still equals one engine computing it alone.
+  its baseline within seconds, not the 480 s TTL; the conversation's next turn then continues
+  on D with the released handle, D's prefix cache serves the history (nothing evicted it),
+  and the answer still equals one engine computing it alone.
 - A client ending a conversation (`DELETE`) frees D's blocks at once, in static mode too.
 - A renewed conversation's next turn still pulls its history from D and equals one engine.
 """
@@ -17,36 +18,19 @@ import random
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from typing import Any
 
 import pdclient
 import pytest
+from dataplane.leasing import eventually, metric
 from dataplane.turns import moved, reference, reuse, router_completion, same, words
 
-from boomerang.local.engine_client import samples, scrape
+from boomerang.local.engine_client import scrape, tokens_by_source
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
 USAGE = "vllm:kv_cache_usage_perc"
 RELEASED = "boomerang_router_leases_released_total"
-
-
-def metric(url: str, name: str, **labels: str) -> float:
-    return sum(
-        s.value
-        for s in samples(scrape(url), name)
-        if all(s.labels.get(k) == v for k, v in labels.items())
-    )
-
-
-def eventually(check: Callable[[], bool], within_s: float) -> bool:
-    deadline = time.monotonic() + within_s
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def call(method: str, url: str, body: Any = None) -> tuple[int, Any]:
@@ -90,8 +74,16 @@ def warm_up(plane, router: str, turns: int = 24) -> None:
     assert state(router)["retention_s"] <= 2.0, state(router)
 
 
+RETENTION = {
+    "mode": "adaptive",
+    "retention_min_s": 1,
+    "continue_max_suffix_tokens": 64,  # the late turn below continues on D
+    "itl_budget_s": 10.0,  # the hard bound decides here, not the learned ITL cost
+}
+
+
 def test_adaptive_retention_frees_d_s_memory_long_before_the_ttl(dataplane):
-    router = dataplane.router("router-retention", tuning={"mode": "adaptive", "retention_min_s": 1})
+    router = dataplane.router("router-retention", tuning=RETENTION)
     warm_up(dataplane, router)
     d = dataplane.d_url
     baseline = settled(dataplane, router)
@@ -110,12 +102,19 @@ def test_adaptive_retention_frees_d_s_memory_long_before_the_ttl(dataplane):
     print(f"retention: D's usage back at {metric(d, USAGE):.4f} after {took:.1f}s (TTL 480 s)")
     assert metric(router, RELEASED, reason="expired") > released
 
-    # It comes back after all: no handle any more, the turn is computed, and still exact.
-    later = prompt + tokens + words(rng, 40)
-    before = reuse(router)
+    # It comes back after all. D no longer pins its blocks, but its prefix cache still has
+    # them (nothing needed the room): the router continues the turn on D with the released
+    # handle (outcome "cached"), D serves the history from its cache, and the answer is exact.
+    history = prompt + tokens
+    later = history + words(rng, 40)
+    before, by_source = reuse(router), tokens_by_source(scrape(d))
     out = router_completion(router, dataplane.model, later, "gone", stream=False)
-    assert moved(before, reuse(router)) == {"miss": 1.0}
+    assert moved(before, reuse(router)) == {"cached": 1.0}
+    served = moved(by_source, tokens_by_source(scrape(d)))
+    assert served.get("local_cache_hit", 0.0) >= len(history) - 128, served  # whole blocks
     assert same(out[:2], reference(dataplane, later))
+    # Its fresh handle is pinned (leased) again.
+    assert eventually(lambda: state(router).get("leases", 0) >= 1, within_s=5.0)
 
 
 @pytest.fixture(scope="module")

@@ -11,19 +11,14 @@ is still a single engine's; ids D does not hold are listed as unknown; a wrong t
 
 from __future__ import annotations
 
-import json
 import random
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable
-from typing import Any
 
 import pdclient
 import pytest
+from dataplane.leasing import eventually, held, lease_api, metric
 from dataplane.turns import MAX_TOKENS, same, words
 
-from boomerang.connector.config import LEASE_PATH
 from boomerang.connector.leases import RELEASED_METRIC, RENEWED_METRIC
 from boomerang.local.engine_client import samples, scrape
 
@@ -31,40 +26,6 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
 EXPIRED = "vllm:nixl_num_kv_expired_reqs_total"
 USAGE = "vllm:kv_cache_usage_perc"
-
-
-def lease_api(url: str, token: str, op: str = "", body: Any = None) -> tuple[int, dict[str, Any]]:
-    """One call to the lease API: GET without `op`, else POST `op` with `body`."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(
-        f"{url}{LEASE_PATH}{'/' + op if op else ''}",
-        data,
-        {"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
-def metric(url: str, name: str) -> float:
-    return sum(s.value for s in samples(scrape(url), name))
-
-
-def eventually(check: Callable[[], bool], within_s: float) -> bool:
-    deadline = time.monotonic() + within_s
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def held(plane) -> int:
-    status, body = lease_api(plane.d_url, plane.lease_token)
-    assert status == 200, body
-    return int(body["held"])
 
 
 def retained_turn(plane, rng: random.Random, before: int):

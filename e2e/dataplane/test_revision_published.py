@@ -10,19 +10,16 @@ restarts D under another revision, as a rollout's held decoder looks beside a ro
 
 from __future__ import annotations
 
-import dataclasses
 import random
-import time
 
-import pdclient
 import pytest
+from dataplane.restart import restart_decoder
 from dataplane.turns import moved, reference, reuse, router_completion, same, words
 
-from boomerang.connector.config import ENGINE_REVISION_ENV
-from boomerang.local import processes
+from boomerang.connector.config import CONTINUE_CAPABILITY, ENGINE_REVISION_ENV
 from boomerang.local.engine_client import scrape, totals
 from boomerang.operator import render
-from boomerang.router.health import revision_from_metrics
+from boomerang.router.health import capabilities_from_metrics, revision_from_metrics
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 RESTART_S = 600.0
@@ -31,22 +28,9 @@ RESTART_S = 600.0
 def test_both_engines_publish_the_revision_their_environment_names(dataplane):
     expected = render.engine_revision(dataplane.dd)
     for url in (dataplane.p_url, dataplane.d_url):
-        assert revision_from_metrics(scrape(url).encode()) == expected, url
-
-
-def restart_decoder(dataplane, router: str, revision: str | None) -> None:
-    """D again, publishing `revision` (None: the rendered one), once the router readmits it."""
-    dataplane.kill("decode")
-    spec = dataplane.specs["decode"]
-    if revision is not None:
-        spec = dataclasses.replace(spec, env={**spec.env, ENGINE_REVISION_ENV: revision})
-    dataplane.pids["decode"] = processes.spawn(spec).pid
-    processes.wait_healthy(spec, dataplane.pids["decode"], RESTART_S)
-    deadline = time.monotonic() + 120
-    while pdclient.get_json(f"{router}/ready").get("decode") != 1:
-        assert time.monotonic() < deadline, "the router never readmitted the restarted decoder"
-        time.sleep(0.5)
-    time.sleep(2.0)  # the probe that readmitted D reads its /metrics right after
+        page = scrape(url).encode()
+        assert revision_from_metrics(page) == expected, url
+        assert capabilities_from_metrics(page) == {CONTINUE_CAPABILITY}, url  # own_requests
 
 
 def degraded(router: str) -> float:
@@ -62,7 +46,7 @@ def test_a_router_serves_p_alone_rather_than_pair_it_with_a_decoder_of_another_r
     rng = random.Random(41)
     prompt = words(rng, 300)
     try:
-        restart_decoder(dataplane, router, "another-build")
+        restart_decoder(dataplane, router, {ENGINE_REVISION_ENV: "another-build"})
         before, alone_before = reuse(router), degraded(router)
         d_requests = totals(scrape(dataplane.d_url), "vllm:request_success_total", "engine")
         result = router_completion(router, dataplane.model, prompt, "conv-rev", stream=False)
@@ -73,7 +57,7 @@ def test_a_router_serves_p_alone_rather_than_pair_it_with_a_decoder_of_another_r
         )  # D, of another revision, got nothing
         assert moved(before, reuse(router)) == {"miss": 1.0}
     finally:
-        restart_decoder(dataplane, router, None)
+        restart_decoder(dataplane, router)
     # One revision again: P and D pair, and the next turn of a conversation pulls D's KV.
     tokens, _, _ = router_completion(router, dataplane.model, prompt, "conv-rev2", stream=False)
     nxt = prompt + tokens + words(rng, 60)

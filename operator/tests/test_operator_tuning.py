@@ -64,7 +64,9 @@ def test_the_router_gets_its_tuning_section_in_its_own_names_and_units() -> None
                     "continueOnDecode": {
                         "enabled": False, "maxSuffixTokens": 256, "itlBudget": "20ms"
                     },
-                    "retention": {"quantilePercent": 95, "minimum": "1m"},
+                    "retention": {
+                        "quantilePercent": 95, "minimum": "1m", "reuseReleased": False
+                    },
                     "decodeMemoryBudgetPercent": 30,
                 }
             }
@@ -79,6 +81,7 @@ def test_the_router_gets_its_tuning_section_in_its_own_names_and_units() -> None
         "itl_budget_s": 0.02,
         "retention_quantile": 0.95,
         "retention_min_s": 60.0,
+        "reuse_released": False,
         "decode_memory_budget": 0.3,
     }
     loaded = RouterConfig.model_validate(render.router_config(dd)).tuning

@@ -50,7 +50,11 @@ from fake_tokenizer import (
     reply_for,
 )
 
-from boomerang.connector.config import ENGINE_REVISION_METRIC
+from boomerang.connector.config import (
+    CONTINUE_CAPABILITY,
+    ENGINE_CAPABILITY_METRIC,
+    ENGINE_REVISION_METRIC,
+)
 
 __all__ = ["EngineSpec", "Fabric", "FakeEngine", "Held", "free_port", "wait_port"]
 
@@ -91,6 +95,8 @@ class EngineSpec:
     """False: `/metrics` has no `vllm:cache_config_info` (an engine that does not say)."""
     revision: str | None = None
     """The engine revision `/metrics` publishes, as Boomerang's plugin does (None: none)."""
+    capabilities: tuple[str, ...] = (CONTINUE_CAPABILITY,)
+    """What `/metrics` says Boomerang's plugin put in force (empty: an engine without it)."""
     lease_s: float = 30.0
     reply_words: int = 4
     reasoning: bool = False
@@ -163,6 +169,12 @@ class FakeEngine:
             lines += [
                 f"# TYPE {ENGINE_REVISION_METRIC} gauge",
                 f'{ENGINE_REVISION_METRIC}{{revision="{self.spec.revision}"}} 1.0',
+            ]
+        if self.spec.capabilities:
+            lines.append(f"# TYPE {ENGINE_CAPABILITY_METRIC} gauge")
+            lines += [
+                f'{ENGINE_CAPABILITY_METRIC}{{capability="{c}"}} 1.0'
+                for c in self.spec.capabilities
             ]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 

@@ -12,7 +12,7 @@ from router_testing import chat, filed, post
 from boomerang.connector.config import ENGINE_REVISION_METRIC
 from boomerang.router.app import ROUTER
 from boomerang.router.endpoints import Endpoint, Pool, compatible, pairable, partners
-from boomerang.router.health import revision_from_metrics
+from boomerang.router.health import capabilities_from_metrics, revision_from_metrics
 
 
 def ep(url: str, role: str, revision: str | None) -> Endpoint:
@@ -56,6 +56,17 @@ def test_the_revision_is_read_from_the_engines_metrics_page() -> None:
     assert revision_from_metrics(b"vllm:num_requests_running 0\n") is None
     assert revision_from_metrics(page("a", "b")) is None  # ambiguous: pairs with any
     assert revision_from_metrics(b"not a {metrics page") is None
+
+
+def test_the_plugin_s_capabilities_are_read_from_the_same_page() -> None:
+    page_ = (
+        b"# TYPE boomerang_engine_capability_info gauge\n"
+        b'boomerang_engine_capability_info{capability="continue"} 1.0\n'
+        b'boomerang_engine_capability_info{capability="later"} 0.0\n'
+    )
+    assert capabilities_from_metrics(page_) == {"continue"}  # a 0 is not in force
+    assert capabilities_from_metrics(b"vllm:num_requests_running 0\n") == frozenset()
+    assert capabilities_from_metrics(b"not a {metrics page") == frozenset()
 
 
 def test_an_ejected_engine_is_identified_again_when_it_comes_back() -> None:

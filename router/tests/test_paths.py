@@ -56,7 +56,7 @@ class Recorder:
     def taken(self, key: bytes, tenant: str, now: float) -> None:
         self.calls.append(("taken", key))
 
-    async def superseded(self, handle: conv.Handle, reason: str) -> None:
+    def superseded(self, handle: conv.Handle, reason: str) -> None:
         self.calls.append(("superseded", handle, reason))
 
     async def run(self) -> None:
@@ -138,7 +138,7 @@ async def _equals(w: Any, path: str, n: float) -> bool:
 
 async def test_a_streamed_continue_relays_d_and_teaches_the_model(world: Any) -> None:
     w = await world(decode_spec={"stream_params": True, "version": "0.33.0"}, **ADAPTIVE)
-    router, _ = router_of(w, SLOW_P, learn=True)
+    router, retention = router_of(w, SLOW_P, learn=True)
     messages = [{"role": "user", "content": "hello there"}]
     for i in range(2):
         events = await stream(w, chat(messages, conversation_id="s"))
@@ -152,6 +152,8 @@ async def test_a_streamed_continue_relays_d_and_teaches_the_model(world: Any) ->
     assert observed["continue"] == 1 and observed["decode_first"] == 1
     assert observed["prefill"] == 1
     await until(lambda: _equals(w, "continue", 1))
+    filed_handles = retention.filed_handles()
+    assert retention.released() == [(filed_handles[0], "superseded")]  # the turn-1 handle
 
 
 async def test_pull_in_adaptive_mode_is_todays_flow(world: Any) -> None:
@@ -198,6 +200,19 @@ async def test_a_continue_that_fails_before_a_byte_falls_back_to_pull(world: Any
     await until(lambda: _equals(w, "pull", 1))
     assert await paths(w) == {"pull": 1, "recompute": 1, "continue": 0}
     assert retention.released() == []
+    assert w.fabric.violations == []
+
+
+async def test_no_continue_on_a_decoder_without_the_plugin_s_change(world: Any) -> None:
+    """Without Boomerang's plugin, vLLM 0.32's D never frees a request it served alone: the
+    router must not send it one (the path is refused: P and D serve the turn, exactly)."""
+    w = await world(decode_spec={"capabilities": ()}, recompute_threshold=0, **ADAPTIVE)
+    router_of(w, SLOW_P)
+    await conversation(w, 2)
+    assert all(c["kv_transfer_params"] != CONTINUE_PARAMS for c in w.decode[0].calls)
+    assert len(w.prefill[0].calls) == 2  # both turns went through P
+    await until(lambda: _equals(w, "pull", 1))
+    assert await paths(w) == {"pull": 1, "recompute": 1, "continue": 0}
     assert w.fabric.violations == []
 
 

@@ -10,6 +10,7 @@ client ending or renewing a conversation.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -112,7 +113,8 @@ async def test_static_mode_keeps_no_lease_and_releases_nothing() -> None:
     w = World(mode="static")
     await w.file(b"k", handle("r1"))
     await w.file(b"k", handle("r2"))  # superseded: still D's TTL, as before
-    await w.retention.superseded(handle("r3"), "recompute")
+    w.retention.superseded(handle("r3"), "recompute")
+    await w.retention.close()
     w.retention.taken(b"k", "t", NOW + 5)
     await w.retention.sweep(NOW + 1000)
     assert len(w.retention.ledger) == 0 and w.leases.released == []
@@ -174,11 +176,35 @@ async def test_the_sweeper_takes_a_due_handle_out_releases_it_and_learns_a_retur
     assert w.leases.released == []
     await w.retention.sweep(NOW + 3)
     assert w.leases.released == [(D, ["r1"])]
-    assert (await w.store.take(b"k", NOW + 3))[0] == "missing"  # never offered again
+    status, back = await w.store.take(b"k", NOW + 3)  # back, for D's prefix cache only
+    assert status == "found" and back is not None and back.released
+    assert back == dataclasses.replace(handle("r1"), released=True)
+    assert len(w.retention.ledger) == 0  # no lease: D pins nothing for it
     assert w.counter("boomerang_router_leases_released_total", reason="expired") == 1
     before = w.retention.learner.samples("t", NOW + 20)
     w.retention.taken(b"k", "t", NOW + 20)  # it came back after all: the exact gap
     assert w.retention.learner.samples("t", NOW + 20) == pytest.approx(before + 1, rel=0.01)
+
+
+async def test_without_reuse_of_released_handles_a_released_one_is_gone() -> None:
+    w = World(reuse_released=False)
+    w.learn(2.0)
+    await w.file(b"k", handle("r1"))
+    await w.retention.sweep(NOW + 3)
+    assert w.leases.released == [(D, ["r1"])]
+    assert (await w.store.take(b"k", NOW + 3))[0] == "missing"  # never offered again
+
+
+async def test_a_released_handle_is_never_leased_released_or_renewed_again() -> None:
+    w = World()
+    soft = dataclasses.replace(handle("r1"), released=True)
+    await w.file(b"k", soft)  # put back unused by a turn: still no lease
+    assert len(w.retention.ledger) == 0
+    w.retention.superseded(soft, "superseded")
+    await w.retention.close()
+    assert await w.retention.renew(b"k", "t", None) is None
+    assert await w.retention.end(b"k") is True  # ended: gone from the store, D not asked
+    assert w.leases.released == [] and w.leases.renewals == []
 
 
 async def test_the_sweeper_skips_a_handle_a_turn_holds() -> None:
@@ -220,7 +246,8 @@ async def test_a_handle_expired_in_the_store_is_still_released_at_d() -> None:
 async def test_a_failed_release_is_counted_and_left_to_d(
     failure: LeaseFailure, put_back: bool
 ) -> None:
-    """Never retried in a loop; the handle is offered again only when D certainly kept it."""
+    """Never retried in a loop; the handle is offered to P again only when D certainly kept
+    it (else it is back as released: only the continue path may use it)."""
     w = World()
     w.learn(2.0)
     w.leases.failure = failure
@@ -228,8 +255,9 @@ async def test_a_failed_release_is_counted_and_left_to_d(
     await w.retention.sweep(NOW + 3)
     assert w.counter("boomerang_router_lease_errors_total", op="release") == 1
     assert len(w.retention.ledger) == 0  # no second try
-    status, _ = await w.store.take(b"k", NOW + 3)
-    assert (status == "found") is put_back
+    status, back = await w.store.take(b"k", NOW + 3)
+    assert status == "found" and back is not None  # whole, or for D's prefix cache only
+    assert back.released is not put_back
     await w.retention.sweep(NOW + 10)
     assert len(w.leases.released) == 1
 
@@ -266,7 +294,9 @@ async def test_over_the_memory_budget_the_soonest_due_leases_go_first() -> None:
 
 async def test_superseded_hands_over_a_taken_handle_for_release() -> None:
     w = World()
-    await w.retention.superseded(handle("r1"), "recompute")
+    w.retention.superseded(handle("r1"), "recompute")  # in the background: the turn goes on
+    assert w.leases.released == []
+    await w.retention.close()
     assert w.leases.released == [(D, ["r1"])]
     assert w.counter("boomerang_router_leases_released_total", reason="recompute") == 1
 

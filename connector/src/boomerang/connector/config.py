@@ -52,6 +52,12 @@ ENGINE_REVISION_METRIC = "boomerang_engine_revision_info"
 """The gauge (value 1) whose `revision` label carries it, so the router pairs P and D of one
 revision while a rollout runs both."""
 
+ENGINE_CAPABILITY_METRIC = "boomerang_engine_capability_info"
+"""A gauge (value 1) per engine-side change of Boomerang's plugin that the router relies on,
+named by its `capability` label: `continue` (D frees the blocks of requests it served alone,
+`own_requests`). Absent, the router does not take the path that needs it."""
+CONTINUE_CAPABILITY = "continue"
+
 LEASE_TOKEN_ENV = "BOOMERANG_LEASE_TOKEN"
 """The bearer token of the engine's lease API (`boomerang.connector.leases`); unset = the API
 answers 403 (no control), and the router falls back to D's TTL."""

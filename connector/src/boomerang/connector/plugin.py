@@ -119,7 +119,8 @@ def register() -> None:
         import vllm
     except ImportError:  # not inside a vLLM process
         return
-    from boomerang.connector import cpu_pinning, nixl_quiet, own_requests, revision
+    from boomerang.connector import capability, cpu_pinning, nixl_quiet, own_requests, revision
+    from boomerang.connector.config import CONTINUE_CAPABILITY
 
     if (published := revision.publish()) is not None:
         logger.debug("boomerang: engine revision %s published on /metrics", published)
@@ -127,6 +128,7 @@ def register() -> None:
         logger.debug("boomerang: NIXL progress thread delay raised")
     if own_requests.apply():
         logger.debug("boomerang: D's own requests are announced to the NIXL worker")
+        capability.publish(CONTINUE_CAPABILITY)  # the router may continue turns on this D
     if cpu_pinning.apply():
         logger.debug("boomerang: KV transfer thread pinned per BOOMERANG_KV_CPUS")
     _patch_streams(getattr(vllm, "__version__", "0"))

@@ -16,6 +16,7 @@ import os
 from collections.abc import Mapping
 
 from boomerang.connector.config import ENGINE_REVISION_ENV, ENGINE_REVISION_METRIC
+from boomerang.connector.engine_info import set_info
 
 _published: set[str] = set()
 
@@ -28,16 +29,8 @@ def publish(env: Mapping[str, str] | None = None) -> str | None:
         return None
     if revision in _published:
         return revision
-    try:
-        from prometheus_client import Gauge
-    except ImportError:
+    doc = "What this engine must share with its P/D peer to hand KV over (build and connector)."
+    if not set_info(ENGINE_REVISION_METRIC, doc, "revision", revision):
         return None
-    gauge = Gauge(
-        ENGINE_REVISION_METRIC,
-        "What this engine must share with its P/D peer to hand KV over (build and connector).",
-        ["revision"],
-        multiprocess_mode="max",
-    )
-    gauge.labels(revision=revision).set(1)
     _published.add(revision)
     return revision

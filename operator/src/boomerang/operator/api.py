@@ -427,6 +427,12 @@ class RetentionSpec(_Model):
         description="Never release earlier than this; positive and below "
         "kvTransfer.decoderBlocksTTL.",
     )
+    reuse_released: bool = Field(
+        True,
+        description="After releasing a conversation's blocks, keep its handle until the TTL "
+        "for continuing on the same decoder: D's prefix cache holds freed blocks until it "
+        "needs the room, and serves what it still has (never offered to prefill).",
+    )
 
 
 class TuningSpec(_Model):

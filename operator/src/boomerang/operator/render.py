@@ -181,6 +181,7 @@ def router_tuning(dd: DisaggregatedDeployment) -> dict[str, Any]:
         "itl_budget_s": parse_duration(cont.itl_budget),
         "retention_quantile": retention.quantile_percent / 100,
         "retention_min_s": parse_duration(retention.minimum),
+        "reuse_released": retention.reuse_released,
         "decode_memory_budget": tuning.decode_memory_budget_percent / 100,
     }
 

@@ -6,12 +6,18 @@ model (`paths.py`) for its path:
 - pull: the P/D flow with the handle (as in `static` mode);
 - recompute: the handle is declined (never offered again; retention may release D's blocks)
   and the P/D flow computes the whole prompt on P;
-- continue: the turn goes straight to the decoder that holds the history, with empty
+- continue: the turn goes straight to the decoder that holds (or, for a handle whose lease
+  was released, held) the history, with empty
   KV-transfer intent (`protocol.continue_request`), streamed as the client asked (the decode
   mode is chosen as for D after P). D answers with a fresh handle, filed as after any D leg;
   then the old one is superseded. If D fails before the client got a byte, the turn is served
   on P and D instead, with the handle still unused (P never saw it): pull when the holder
   answered (it is alive) and the model prefers it, else recompute.
+
+A released handle (`Handle.released`: retention freed D's blocks, which stay in D's prefix
+cache until D needs the room) is never pulled: only continue or recompute. Its continued turn
+counts outcome `cached`, and its time is not learned (how much of the history D still had is
+unknown); what D evicted it computes again, which costs time and never correctness.
 
 Why continue is exact, also for a partial: vLLM's prefix cache keys each full block by a hash
 chained from the block before it and the block's own token ids (plus the request's extra keys:
@@ -34,6 +40,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from boomerang.connector.config import CONTINUE_CAPABILITY
 from boomerang.router import conversation as conv
 from boomerang.router import protocol
 from boomerang.router.capabilities import DecodeMode, decode_mode, observe_stream
@@ -45,6 +52,8 @@ from boomerang.router.failover import Failover
 from boomerang.router.hooks import RetentionHooks
 from boomerang.router.metrics import Metrics
 from boomerang.router.paths import PathBook
+from boomerang.router.reuse import Outcome
+from boomerang.router.settle import settle
 from boomerang.router.turn import Turn
 from boomerang.router.upstream import UpstreamError
 
@@ -76,8 +85,10 @@ class AdaptivePaths:
         before the client got a byte is served on P and D instead (never dropped)."""
         assert turn.prompt_ids is not None and turn.reuse is not None
         prompt, reusable = len(turn.prompt_ids), turn.reuse.tokens
+        assert turn.handle is not None
+        pullable = not turn.handle.released  # released: only D's prefix cache has the blocks
         holder = self._continue_holder(turn)
-        choice = self.paths.choose(prompt, reusable, holder is not None)
+        choice = self.paths.choose(prompt, reusable, holder is not None, pullable)
         turn.chosen = choice.path
         log.debug("Chose path", extra={"path": str(choice.path), "reason": choice.reason})
         if choice.path is Path.CONTINUE:
@@ -85,19 +96,21 @@ class AdaptivePaths:
             failure = await self._continue(request, turn, holder)
             if isinstance(failure, web.StreamResponse):
                 return failure
-            choice = self.paths.choose(prompt, reusable, False)
+            choice = self.paths.choose(prompt, reusable, False, pullable)
             if not self._may_pull_after(holder, failure):
                 choice = dataclasses.replace(choice, path=Path.RECOMPUTE)
         if choice.path is Path.RECOMPUTE:
-            await self._release(turn.decline(), "recompute")
+            self._release(turn.decline(), "recompute")
         return await self._serve(request, turn)
 
     def _continue_holder(self, turn: Turn) -> Endpoint | None:
         """The decoder holding the history, if it may serve the turn itself: listed, not
-        ejected, and not so much busier than the others that decode would avoid it. (No P
-        is involved, so no revision pairing matters.)"""
+        ejected, running Boomerang's plugin with its `continue` change in force (without it
+        vLLM 0.32 never frees a request D served alone: refused, not silently leaking), and
+        not so much busier than the others that decode would avoid it. (No P is involved, so
+        no revision pairing matters.)"""
         holder = self.decode.get(turn.holder)
-        if holder is None or holder.ejected:
+        if holder is None or holder.ejected or CONTINUE_CAPABILITY not in holder.capabilities:
             return None
         if self.strategy.decode(self.decode.candidates(), holder.url) is not holder:
             return None
@@ -126,26 +139,30 @@ class AdaptivePaths:
             log.warning("Continue failed, serving on P and D", extra={"engine": holder.url})
             return exc
         turn.continued = True
+        released = turn.handle is not None and turn.handle.released
+        if released:
+            turn.outcome = Outcome.CACHED
         self.metrics.decode_latency.observe(time.perf_counter() - start)
         self.decode.succeeded(holder)
         if mode == "stream":
-            if turn.first_at:
+            if turn.first_at and not released:  # released: what D computed is unknown
                 assert turn.prompt_ids is not None and turn.reuse is not None
                 computed = len(turn.prompt_ids) - turn.reuse.tokens
                 self.paths.observe_continue(computed, turn.first_at - start)
             if result.finished:
                 observe_stream(holder, result.params is not None, time.time())
-        if result.finished and await self._file(turn, result, holder):
-            await self._release(turn.supersede(), "superseded")
+        if result.finished and await settle(self._file(turn, result, holder)):
+            self._release(turn.supersede(), "superseded")
         assert result.response is not None
         return result.response
 
-    async def _release(self, handle: conv.Handle | None, reason: str) -> None:
-        """Tell retention a handle will never be offered again (it may free D's blocks)."""
+    def _release(self, handle: conv.Handle | None, reason: str) -> None:
+        """Tell retention a handle will never be offered again (it may free D's blocks; the
+        turn does not wait for that)."""
         if handle is None:
             return
         try:
-            await self.retention.superseded(handle, reason)
+            self.retention.superseded(handle, reason)
         except Exception as exc:  # retention's own failures never fail a turn
             log.warning("Retention failed", extra={"error": repr(exc), "reason": reason})
 

@@ -169,6 +169,12 @@ class Tuning(_Model):
         le=1,
         description="Fraction of D's KV blocks that retained handles may hold.",
     )
+    reuse_released: bool = Field(
+        default=True,
+        description="After releasing a handle's lease, keep it (until its TTL) for the "
+        "continue path only: D's prefix cache still holds the freed blocks until it needs "
+        "the room, so a conversation that comes back late can still be served from them.",
+    )
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> Tuning:

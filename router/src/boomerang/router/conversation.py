@@ -180,6 +180,11 @@ class Handle:
     """D's KV block size in tokens; 0 when unknown or unusable (then only full hits)."""
     block_hashes: bytes = b""
     """`block_hashes` of those ids at `block_size`: one 8-byte digest per whole block."""
+    released: bool = False
+    """D's lease of the blocks was released (adaptive retention): D no longer pins them, but
+    its prefix cache keeps them until it needs the room. Never offered to P (nothing to
+    read); only the continue path on `decode_url` may use it, where D's cache lookup by token
+    hashes serves whatever of the history it still has, exactly."""
 
     def kv_params(self) -> dict[str, Any]:
         """D's params as a mapping, for P's request; ValueError when unreadable."""
@@ -196,19 +201,22 @@ class Handle:
             return False
 
     def encode(self) -> bytes:
-        """Serialised form for a shared store (7 fields; `decode` also reads the older 5)."""
-        return json.dumps(
-            [
-                base64.b64encode(self.params).decode(),
-                self.prefix_hash.hex(),
-                self.num_tokens,
-                self.decode_url,
-                self.expires_at,
-                self.block_size,
-                self.block_hashes.hex(),
-            ],
-            separators=(",", ":"),
-        ).encode()
+        """Serialised form for a shared store: 7 fields, and an 8th (true) only when released.
+        During a rolling upgrade a router from before the flag reads every pinned handle and
+        refuses a released one as malformed, so it never offers one to P. `decode` also reads
+        the older 5-field form."""
+        fields: list[Any] = [
+            base64.b64encode(self.params).decode(),
+            self.prefix_hash.hex(),
+            self.num_tokens,
+            self.decode_url,
+            self.expires_at,
+            self.block_size,
+            self.block_hashes.hex(),
+        ]
+        if self.released:
+            fields.append(True)
+        return json.dumps(fields, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> Handle:
@@ -219,9 +227,12 @@ class Handle:
         """
         try:
             fields = json.loads(raw)
-            if not isinstance(fields, list) or len(fields) not in (5, 7):
-                raise ValueError("not a list of 5 or 7 fields")
-            params, digest, n, url, exp, size, hashes = [*fields, 0, ""][:7]
+            if not isinstance(fields, list) or len(fields) not in (5, 7, 8):
+                raise ValueError("not a list of 5, 7 or 8 fields")
+            padding: list[Any] = [0, "", False][len(fields) - 5 :]  # 5 and 7: not released
+            params, digest, n, url, exp, size, hashes, released = [*fields, *padding]
+            if not isinstance(released, bool):
+                raise ValueError("released is not a boolean")
             handle = cls(
                 base64.b64decode(params, validate=True),
                 bytes.fromhex(digest),
@@ -230,6 +241,7 @@ class Handle:
                 float(exp),
                 int(size),
                 bytes.fromhex(hashes),
+                released,
             )
         except (TypeError, ValueError, AttributeError, KeyError, binascii.Error) as exc:
             raise ValueError(f"malformed handle: {exc}") from None

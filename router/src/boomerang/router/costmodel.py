@@ -72,6 +72,9 @@ class Shape:
     """Verified tokens of D's that P may pull (0: none)."""
     holder: bool
     """A decoder holds the verified history (continue possible)."""
+    pullable: bool = True
+    """D still pins the blocks, so P may pull them. False for a handle whose lease was released
+    (its blocks are only in D's prefix cache, which P cannot read): pull is not offered."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.reusable_tokens <= self.prompt_tokens:
@@ -195,7 +198,9 @@ def decide(c: Coefficients, shape: Shape, bounds: Bounds) -> Choice:
     lo = max(bounds.floor_tokens, bounds.break_even_min_tokens)
     notes: list[str] = []
     allowed = [Path.RECOMPUTE]
-    if r > 0 and r >= lo:
+    if not shape.pullable:
+        notes.append("no pull: D released the blocks")
+    elif r > 0 and r >= lo:
         allowed.append(Path.PULL)
     else:
         notes.append(f"no pull: reusable {r} < {lo}" if r else "no pull: nothing reusable")

@@ -63,6 +63,9 @@ class Endpoint:
     hand KV over only within one revision. None: it does not say, and pairs with any."""
     identified: bool = False
     """Its `/metrics` page was read (revision learned, or known not to be published)."""
+    capabilities: frozenset[str] = frozenset()
+    """What Boomerang's plugin says is in force on it (`/metrics`): `continue` lets the router
+    send a turn straight to it as the decoder holding the history."""
 
     @property
     def ready(self) -> bool:

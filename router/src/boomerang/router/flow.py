@@ -51,7 +51,8 @@ from boomerang.router.failover import Failover, Unavailable, unavailable
 from boomerang.router.hooks import NoRetention, RetentionHooks
 from boomerang.router.metrics import Metrics
 from boomerang.router.paths import PathBook
-from boomerang.router.reuse import Outcome, decide
+from boomerang.router.reuse import REJECTED, Outcome, decide
+from boomerang.router.settle import settle
 from boomerang.router.store import ConversationStore
 from boomerang.router.turn import Turn
 from boomerang.router.upstream import EngineClient, UpstreamError, post_json, timeout
@@ -144,15 +145,16 @@ class Router(AdaptivePaths):
             ids = await self._tokenize(turn)
         turn.prompt_ids = ids
         cfg = self.config
-        reuse = (
-            None
-            if ids is None
-            else decide(turn.handle, ids, cfg.recompute_threshold, partial=cfg.partial_reuse)
-        )
+        if ids is None:
+            reuse = None
+        elif turn.handle.released and not self.paths.adaptive:
+            reuse = REJECTED  # only the continue path (adaptive) may use it: never P
+        else:
+            reuse = decide(turn.handle, ids, cfg.recompute_threshold, partial=cfg.partial_reuse)
         handle = turn.handle
         turn.verify(reuse)
         if turn.handle is None:  # rejected: nothing D holds is of use to the conversation
-            await self._release(handle, "superseded")
+            self._release(handle, "superseded")
 
     def _still_held(self, handle: conv.Handle) -> bool:
         """Whether the decoder named by `handle` may still hold its blocks: not when the pod
@@ -275,7 +277,7 @@ class Router(AdaptivePaths):
         if mode == "stream" and result.finished:
             observe_stream(d_ep, result.params is not None, time.time())
         if result.finished:
-            await self._file(turn, result, d_ep)
+            await settle(self._file(turn, result, d_ep))
         assert result.response is not None
         return result.response
 
@@ -410,7 +412,7 @@ class Router(AdaptivePaths):
         if handle is not None and turn.lookup_key is not None:
             now = time.time()
             try:
-                await self.store.restore(turn.lookup_key, handle, now)
+                await settle(self.store.restore(turn.lookup_key, handle, now))
             except Exception:
                 self.metrics.store_errors.labels("restore").inc()
             else:

@@ -17,7 +17,7 @@ import logging
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from boomerang.connector.config import ENGINE_REVISION_METRIC
+from boomerang.connector.config import ENGINE_CAPABILITY_METRIC, ENGINE_REVISION_METRIC
 from boomerang.router.config import RouterConfig
 from boomerang.router.endpoints import Endpoint, Pool
 from boomerang.router.metrics import Metrics
@@ -65,20 +65,34 @@ def kv_blocks_from_metrics(text: bytes) -> int:
     return min(counts) if counts and 0 not in counts else 0
 
 
+def capabilities_from_metrics(text: bytes) -> frozenset[str]:
+    """The engine-side changes Boomerang's plugin says are in force (the `capability` labels
+    of `boomerang_engine_capability_info` at 1); none when absent or unparsable."""
+    found = _set_labels(text, ENGINE_CAPABILITY_METRIC, "capability")
+    return frozenset() if found is None else frozenset(found - {""})
+
+
 def revision_from_metrics(text: bytes) -> str | None:
     """The engine revision the Boomerang plugin publishes (the `revision` label of
     `boomerang_engine_revision_info`); None when absent, ambiguous or unparsable."""
+    found = _set_labels(text, ENGINE_REVISION_METRIC, "revision")
+    if found is None or len(found) != 1:
+        return None
+    return found.pop() or None
+
+
+def _set_labels(text: bytes, metric: str, label: str) -> set[str] | None:
+    """The `label` values of `metric`'s samples that are set (non-zero), as the plugin's
+    info gauges publish them; None when the page does not parse."""
     found = set()
     try:
         for family in text_string_to_metric_families(text.decode(errors="replace")):
             for sample in family.samples:
-                if sample.name == ENGINE_REVISION_METRIC and sample.value:
-                    found.add(sample.labels.get("revision", ""))
+                if sample.name == metric and sample.value:
+                    found.add(sample.labels.get(label, ""))
     except ValueError:
         return None
-    if len(found) != 1:
-        return None
-    return found.pop() or None
+    return found
 
 
 async def probe(engines: EngineClient, pool: Pool, ep: Endpoint, config: RouterConfig) -> bool:
@@ -112,20 +126,27 @@ async def probe(engines: EngineClient, pool: Pool, ep: Endpoint, config: RouterC
 
 
 async def _read_metrics(engines: EngineClient, ep: Endpoint, limit: Limits, block: bool) -> None:
-    """Once per engine (again after an ejection): its revision, and for D its block size. A
-    refused page (4xx) means the engine does not say (no revision; block size 0, full hits
-    only); a transport failure leaves both unknown, to ask again at the next probe."""
+    """Once per engine (again after an ejection): its revision and the plugin's capabilities,
+    and for D its block size. A refused page (4xx) means the engine does not say (no revision,
+    no capability; block size 0, full hits only); a transport failure leaves them unknown, to
+    ask again at the next probe."""
     try:
         page = await get_bytes(engines, ep.url + "/metrics", limit)
     except UpstreamError as exc:
         if exc.kind == "client":
             ep.identified = True
             ep.block_size = 0 if block else ep.block_size
+            ep.capabilities = frozenset()
         return
     ep.identified = True
     ep.revision = revision_from_metrics(page)
+    ep.capabilities = capabilities_from_metrics(page)
     if ep.revision:
         log.info("Learned engine revision", extra={"engine": ep.url, "revision": ep.revision})
+    if ep.capabilities:
+        log.info(
+            "Learned engine capabilities", extra={"engine": ep.url, "has": sorted(ep.capabilities)}
+        )
     if not block:
         return
     ep.block_size = block_size_from_metrics(page)

@@ -12,9 +12,11 @@ When the flow calls each one:
   handle that put replaced (the store's `put` returns it atomically: it was in the store, so
   no turn holds it), None when it replaced none.
 - `superseded`: `handle` will never be offered again and no turn holds it (it was taken from
-  the store first): D's blocks can be released now. Reasons: `recompute` (the turn computes
-  on P without it), `superseded` (a continued turn's D answered with a fresh handle, or the
-  handle was rejected: nothing in it is usable for the conversation any more).
+  the store first): D's blocks can be released now, in the background (the turn never waits
+  for D's answer, and a handler cancelled after its answer must not cancel it). Reasons:
+  `recompute` (the turn computes on P without it), `superseded` (a continued turn's D
+  answered with a fresh handle, or the handle was rejected: nothing in it is usable for the
+  conversation any more).
 - `run`: a background task for the app's lifetime; `state`: merged into `Router.state()`.
 """
 
@@ -35,7 +37,7 @@ class RetentionHooks(Protocol):
 
     def taken(self, key: bytes, tenant: str, now: float) -> None: ...
 
-    async def superseded(self, handle: Handle, reason: str) -> None: ...
+    def superseded(self, handle: Handle, reason: str) -> None: ...
 
     async def run(self) -> None: ...
 
@@ -53,7 +55,7 @@ class NoRetention:
     def taken(self, key: bytes, tenant: str, now: float) -> None:
         return None
 
-    async def superseded(self, handle: Handle, reason: str) -> None:
+    def superseded(self, handle: Handle, reason: str) -> None:
         return None
 
     async def run(self) -> None:

@@ -15,6 +15,9 @@ Rules (correctness over reuse):
   store is released only when it was provably still there (`filed`).
 - A failed release is counted and left to D's TTL, never retried in a loop. A handle taken out
   for a release that may have happened (D failed after the request was sent) is not put back.
+- A released handle goes back to the store marked `released` (`tuning.reuse_released`, on by
+  default) until its TTL: D's prefix cache keeps the freed blocks until it needs the room, so
+  the flow may still continue a late turn on that decoder; it is never offered to P.
 - Static mode: nothing here acts (no release, no sweeper work) except what a client asks for
   (ending or renewing a conversation, `end` and `renew`), which works in both modes.
 """
@@ -136,6 +139,8 @@ class Retention:
             self._spawn(self._release_quietly(old.decode_url, old.request_id, "superseded"))
 
     def _lease(self, key: bytes, handle: Handle, tenant: str, now: float) -> Lease | None:
+        if handle.released:
+            return None  # D pins nothing for it: no lease to keep or release
         try:
             params = handle.kv_params()
         except ValueError:
@@ -159,13 +164,15 @@ class Retention:
         if gap is not None:
             self.learner.observe(tenant, gap, now)
 
-    async def superseded(self, handle: Handle, reason: str) -> None:
-        """`handle` (taken by a turn) will never be offered: release D's blocks now."""
-        if not self.adaptive:
+    def superseded(self, handle: Handle, reason: str) -> None:
+        """`handle` (taken by a turn) will never be offered: release D's blocks now, in a
+        task of its own (the turn does not wait; its handler may be cancelled once the client
+        has its answer, which must not cancel the release: vLLM's TTL would hold the blocks)."""
+        if not self.adaptive or handle.released:
             return
         rid = _rid_or_none(handle)
         if rid is not None:
-            await self._release_ids(handle.decode_url, [rid], reason)
+            self._spawn(self._release_quietly(handle.decode_url, rid, reason))
 
     # -- the sweeper ---------------------------------------------------------------------------
 
@@ -215,8 +222,12 @@ class Retention:
                     if handle is not None:
                         await self._put_back(lease.key, handle, now)
                 continue
-            for lease, _ in mine:  # released (or may be): a return is learned from the tombstone
+            # Released (or may be): a return is learned from the tombstone, and the handle
+            # stays for the continue path (D's prefix cache), never again for P.
+            for lease, handle in mine:
                 self.ledger.tombstone(lease, now)
+                if handle is not None and self._config.tuning.reuse_released:
+                    await self._put_back(lease.key, replace(handle, released=True), now)
 
     async def _take(self, lease: Lease, now: float) -> tuple[bool, Handle | None]:
         """Take the lease's handle out of the store: (releasable, the handle to put back if
@@ -276,7 +287,7 @@ class Retention:
             if status == "expired" and lease is not None:  # D may still hold it: free it
                 await self._release_ids(lease.decode_url, [lease.request_id], "ended")
             return status == "expired" and lease is not None
-        rid = _rid_or_none(handle)
+        rid = None if handle.released else _rid_or_none(handle)
         if rid is not None:
             await self._release_ids(handle.decode_url, [rid], "ended")
         return True
@@ -291,7 +302,7 @@ class Retention:
         if handle is None:
             return None
         rid = _rid_or_none(handle)
-        if rid is None:
+        if rid is None or handle.released:  # released: D has nothing left to renew
             await self._put_back(key, handle, now)
             return None
         asked = self._config.decoder_blocks_ttl_s if seconds is None else seconds

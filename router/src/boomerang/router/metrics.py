@@ -1,7 +1,8 @@
 """The router's Prometheus metrics, one registry per app (no module globals).
 
 Names other components read (keep them stable): `boomerang_router_reuse_total{outcome}` with
-outcome in hit, partial, miss, expired, rejected, fallback; `boomerang_router_requests_total
+outcome in hit, partial, miss, expired, rejected, fallback, cached;
+`boomerang_router_requests_total
 {outcome}`; `boomerang_router_ttft_seconds{reuse}` (the turn's reuse outcome, so that TTFT
 with and without reuse can be compared); `boomerang_router_reused_tokens_total{outcome}`;
 `boomerang_router_reused_fraction`. Each chat/completion request counts exactly one reuse
@@ -15,7 +16,11 @@ outcome:
   fewer shared tokens than the recompute threshold, or D's block size unknown);
 - fallback: a handle existed and verified (or could not be verified) but the turn was computed
   without it (tokenize failed, P failed after receiving it, its decode pod is gone, P is not
-  bidirectional).
+  bidirectional);
+- cached (adaptive mode): the handle verified, but its lease had been released (D no longer
+  pinned the blocks), and the turn was continued on that decoder, whose prefix cache serves
+  what it still holds of the history (D computes the rest: evicted blocks cost time, never
+  correctness).
 Hit and partial turns add the tokens P may pull from D to `reused_tokens_total`; partial turns
 observe reused tokens / prompt tokens in `reused_fraction`.
 
@@ -48,7 +53,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-REUSE_OUTCOMES = ("hit", "partial", "miss", "expired", "rejected", "fallback")
+REUSE_OUTCOMES = ("hit", "partial", "miss", "expired", "rejected", "fallback", "cached")
 PATHS = ("pull", "recompute", "continue")
 RELEASE_REASONS = ("superseded", "expired", "ended", "recompute", "budget")
 _FRACTION_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)

@@ -54,10 +54,14 @@ class PathBook:
             itl_budget_s=t.itl_budget_s,
         )
 
-    def choose(self, prompt_tokens: int, reusable_tokens: int, holder: bool) -> Choice:
-        """The cheapest allowed path for a verified turn (`holder`: its decoder may serve it)."""
+    def choose(
+        self, prompt_tokens: int, reusable_tokens: int, holder: bool, pullable: bool = True
+    ) -> Choice:
+        """The cheapest allowed path for a verified turn (`holder`: its decoder may serve it;
+        `pullable`: D still pins the blocks)."""
         reusable = max(0, min(reusable_tokens, prompt_tokens))
-        return self.model.choose(Shape(prompt_tokens, reusable, holder), self.bounds())
+        shape = Shape(prompt_tokens, reusable, holder, pullable)
+        return self.model.choose(shape, self.bounds())
 
     def served(self, path: Path) -> None:
         """Count the path that served a turn."""

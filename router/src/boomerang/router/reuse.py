@@ -40,6 +40,7 @@ class Outcome(StrEnum):
     EXPIRED = "expired"
     REJECTED = "rejected"
     FALLBACK = "fallback"
+    CACHED = "cached"
 
 
 ATTACHED: Final = frozenset({Outcome.HIT, Outcome.PARTIAL})

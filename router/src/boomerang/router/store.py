@@ -55,9 +55,10 @@ class ConversationStore(Protocol):
         ...
 
 
-_HEADER = struct.Struct("<dIIBHI")
-"""expires_at, num_tokens, block_size and the lengths of the prefix hash, the decode URL and
-the params; then those three, then the block hashes (the rest)."""
+_HEADER = struct.Struct("<dIIBHI?")
+"""expires_at, num_tokens, block_size, the lengths of the prefix hash, the decode URL and the
+params, and whether D released the blocks; then those three, then the block hashes (the
+rest)."""
 _EXPIRES = struct.Struct("<d")
 
 
@@ -67,18 +68,24 @@ def _pack(h: Handle) -> bytes:
     25 ms a pass)."""
     url = h.decode_url.encode("utf-8", "surrogatepass")
     head = _HEADER.pack(
-        h.expires_at, h.num_tokens, h.block_size, len(h.prefix_hash), len(url), len(h.params)
+        h.expires_at,
+        h.num_tokens,
+        h.block_size,
+        len(h.prefix_hash),
+        len(url),
+        len(h.params),
+        h.released,
     )
     return b"".join((head, h.prefix_hash, url, h.params, h.block_hashes))
 
 
 def _unpack(blob: bytes) -> Handle:
-    expires_at, n, size, digest_len, url_len, params_len = _HEADER.unpack_from(blob)
+    expires_at, n, size, digest_len, url_len, params_len, released = _HEADER.unpack_from(blob)
     at = _HEADER.size
     digest, at = blob[at : at + digest_len], at + digest_len
     url, at = blob[at : at + url_len].decode("utf-8", "surrogatepass"), at + url_len
     params, hashes = blob[at : at + params_len], blob[at + params_len :]
-    return Handle(params, digest, n, url, expires_at, size, hashes)
+    return Handle(params, digest, n, url, expires_at, size, hashes, released)
 
 
 def _expires_at(blob: bytes) -> float:
