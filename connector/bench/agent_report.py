@@ -11,7 +11,9 @@ summarised and compared by the same code: `--compare a.json b.json` reads only t
   expired, rejected, fallback), `error` when the turn failed, `unknown` when the router
   logged no line for it; and per path the router took (pull, recompute, continue).
 - Hit rate: follow-up turns (turn 1 can only miss) that found their history retained and
-  verified (`found_retained`), whatever path then served them.
+  verified (`found_retained`), whatever path then served them. Beside it, for an adaptive
+  router that keeps released handles for D's prefix cache: the share of follow-ups continued
+  on D after their lease was released (`served_from_cache`), and the two together.
 - D's retained KV: the integral over time of D's used KV blocks, sampled from D's own
   `vllm:kv_cache_usage_perc`, by the trapezoid rule, with a bound on the sampling error.
 """
@@ -31,7 +33,17 @@ BUCKETS: tuple[tuple[str, float], ...] = (
     (">1024", math.inf),
 )
 FIRST = "turn 1"
-OUTCOMES = ("hit", "partial", "miss", "expired", "rejected", "fallback", "error", "unknown")
+OUTCOMES = (
+    "hit",
+    "partial",
+    "miss",
+    "expired",
+    "rejected",
+    "fallback",
+    "cached",
+    "error",
+    "unknown",
+)
 """The router's reuse outcomes, `error` (the turn failed) and `unknown` (no router log line)."""
 
 
@@ -71,6 +83,12 @@ def found_retained(record: dict[str, Any]) -> bool:
     return record["outcome"] in ("hit", "partial") or record.get("chosen") == "recompute"
 
 
+def served_from_cache(record: dict[str, Any]) -> bool:
+    """Whether the turn's handle had been released and the router continued it on D, whose
+    prefix cache still held what it had not evicted (outcome `cached`)."""
+    return record["outcome"] == "cached"
+
+
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """TTFT per bucket, share per outcome and the hit rate of one run's turn records."""
     rows = []
@@ -91,12 +109,15 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     shares = {o: sum(r["outcome"] == o for r in records) / total for o in OUTCOMES}
     follow = [r for r in records if r["turn"] > 1]
     hits = sum(found_retained(r) for r in follow)
+    cached = sum(served_from_cache(r) for r in follow)
     paths = sorted({str(r["path"]) for r in records if r.get("path")})
     return {
         "rows": rows,
         "shares": shares,
         "path_shares": {p: sum(r.get("path") == p for r in records) / total for p in paths},
         "hit_rate": hits / len(follow) if follow else None,
+        "cache_rate": cached / len(follow) if follow else None,
+        "reuse_rate": (hits + cached) / len(follow) if follow else None,
         "turns": len(records),
         "errors": sum(r["outcome"] == "error" for r in records),
     }
@@ -123,13 +144,16 @@ def format_table(results: Sequence[dict[str, Any]]) -> str:
         lines.append(f"| {row['bucket']} | {row['turns']} | " + " | ".join(cells) + " |")
     lines += ["", "| | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels)]
     for outcome in OUTCOMES:
-        if any(r["summary"]["shares"][outcome] for r in results):
-            cells = [_pct(r["summary"]["shares"][outcome]) for r in results]
+        if any(r["summary"]["shares"].get(outcome) for r in results):  # older files lack some
+            cells = [_pct(r["summary"]["shares"].get(outcome, 0.0)) for r in results]
             lines.append(f"| share {outcome} | " + " | ".join(cells) + " |")
     for path in sorted({p for r in results for p in r["summary"].get("path_shares", {})}):
         cells = [_pct(r["summary"].get("path_shares", {}).get(path, 0.0)) for r in results]
         lines.append(f"| share path {path} | " + " | ".join(cells) + " |")
     lines.append("| hit rate (turns 2+) | " + _cells(results, "hit_rate") + " |")
+    if any(r["summary"].get("cache_rate") for r in results):
+        lines.append("| after release, from D's cache | " + _cells(results, "cache_rate") + " |")
+        lines.append("| reuse rate (either) | " + _cells(results, "reuse_rate") + " |")
     kv = [r["kv"] for r in results]
     lines.append(
         "| D retained KV (block-s) | "
@@ -149,7 +173,7 @@ def format_table(results: Sequence[dict[str, Any]]) -> str:
 
 
 def _cells(results: Iterable[dict[str, Any]], key: str) -> str:
-    return " | ".join(_pct(r["summary"][key]) for r in results)
+    return " | ".join(_pct(r["summary"].get(key)) for r in results)
 
 
 def draw(results: Sequence[dict[str, Any]], path: Path) -> None:

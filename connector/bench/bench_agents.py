@@ -37,6 +37,7 @@ import os
 import tempfile
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ import yaml
 from bench_paths import ITL_BUDGET_S
 from bench_ttft import REPO, start_engines, start_routers, stop_all
 
+from boomerang.connector.config import LEASE_PATH
 from boomerang.local import calibrate, stack
 from boomerang.local.engine_client import samples, totals
 
@@ -63,6 +65,7 @@ REAL_TTL_S = 480.0
 MIN_TTL_S = 30.0
 """The operator refuses a shorter decoderBlocksTTL."""
 USAGE = "vllm:kv_cache_usage_perc"
+BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 
 
 REAL_RETENTION_MIN_S = 10.0
@@ -105,16 +108,34 @@ def used_blocks(metrics: str, total: int) -> float:
     return sum(s.value for s in samples(metrics, USAGE)) * (total - 1)
 
 
+def held_leases(d_url: str, token: str) -> int | None:
+    """How many finished requests D holds blocks for (its lease API), None if it did not say."""
+    req = urllib.request.Request(d_url + LEASE_PATH, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(req, timeout=5.0) as resp:
+            held = json.loads(resp.read()).get("held")
+    except (OSError, ValueError):
+        return None
+    return held if isinstance(held, int) else None
+
+
 class KvSampler(threading.Thread):
     """Reads D's used blocks every `interval` seconds; each sample is timed at the midpoint of
     its scrape. Blocks D retains live for the TTL, so an interval of a second or two sees every
-    change; the error bound is `agent_report.block_seconds`'s."""
+    change; the error bound is `agent_report.block_seconds`'s.
 
-    def __init__(self, d_url: str, interval: float) -> None:
+    Beside each sample it records what D says it holds (finished requests with pinned blocks)
+    and what the router believes it retains (`/boomerang/v1/state`): where the two differ, D
+    holds blocks that no lease of the router accounts for."""
+
+    def __init__(self, d_url: str, interval: float, router: str = "", token: str = "") -> None:
         super().__init__(daemon=True)
         self.d_url, self.interval = d_url, interval
+        self.router, self.token = router, token
         self.total = kv_blocks(pdclient.scrape(d_url))
         self.points: list[tuple[float, float]] = []
+        self.holds: list[tuple[float, int | None, Any, Any]] = []
+        """(time, D's held requests, router's leases, router's retention_s)"""
         self.halt = threading.Event()
 
     def sample(self) -> float:
@@ -123,11 +144,18 @@ class KvSampler(threading.Thread):
         self.points.append(((start + time.perf_counter()) / 2, used))
         return used
 
+    def sample_holds(self) -> None:
+        held = held_leases(self.d_url, self.token) if self.token else None
+        state = pdclient.get_json(f"{self.router}/boomerang/v1/state") if self.router else {}
+        leases, retention = state.get("leases"), state.get("retention_s")
+        self.holds.append((time.perf_counter(), held, leases, retention))
+
     def run(self) -> None:
         while not self.halt.is_set():
             # A missed sample widens one interval; the error bound accounts for it.
             with contextlib.suppress(OSError):
                 self.sample()
+            self.sample_holds()
             self.halt.wait(self.interval)
 
     def drain(self, baseline: float, deadline: float) -> None:
@@ -219,7 +247,7 @@ def attach_outcomes(records: list[dict[str, Any]], served: dict[str, dict[str, A
 
 def replay(ctx: dict[str, Any], plan: aw.Plan, scale: float, sampler: KvSampler) -> dict[str, Any]:
     """Run the whole plan with D sampled, and wait for D to free what the run retained."""
-    before = {"router": pdclient.scrape(ctx["router"]), "p": pdclient.scrape(ctx["p"])}
+    before = {name: pdclient.scrape(ctx[name]) for name in ("router", "p", "d")}
     baseline = sampler.sample()
     sampler.start()
     t0 = time.perf_counter()
@@ -230,7 +258,7 @@ def replay(ctx: dict[str, Any], plan: aw.Plan, scale: float, sampler: KvSampler)
     sampler.drain(baseline, time.perf_counter() + ctx["ttl_s"] + 10.0)
     sampler.halt.set()
     sampler.join()
-    after = {"router": pdclient.scrape(ctx["router"]), "p": pdclient.scrape(ctx["p"])}
+    after = {name: pdclient.scrape(ctx[name]) for name in ("router", "p", "d")}
     return {"records": records, "ran_s": ran_s, "before": before, "after": after, "t0": t0}
 
 
@@ -244,9 +272,8 @@ def result(
 ) -> dict[str, Any]:
     """The result file of one run: what ran, every turn, the summary, D's KV series."""
     area, bound = agent_report.block_seconds(sampler.points)
-    by_source = moved(
-        run["before"]["p"], run["after"]["p"], "vllm:prompt_tokens_by_source_total", "source"
-    )
+    by_source = moved(run["before"]["p"], run["after"]["p"], BY_SOURCE, "source")
+    d_source = moved(run["before"]["d"], run["after"]["d"], BY_SOURCE, "source")
     points = [(round(t - run["t0"], 2), round(u, 1)) for t, u in sampler.points]
     return {
         "label": args.label,
@@ -271,6 +298,11 @@ def result(
             "pulled": by_source.get("external_kv_transfer", 0.0),
             "computed": by_source.get("local_compute", 0.0),
         },
+        "d_tokens": {
+            "from_cache": d_source.get("local_cache_hit", 0.0),
+            "computed": d_source.get("local_compute", 0.0),
+            "continued_suffixes": continued_suffixes(run["records"]),
+        },
         "kv": {
             "block_s": area,
             "error_block_s": bound,
@@ -280,8 +312,24 @@ def result(
             "end_blocks": sampler.points[-1][1] if sampler.points else None,
             "samples": points,
         },
+        "holds": [
+            {"t": round(t - run["t0"], 2), "d_held": h, "router_leases": n, "retention_s": r}
+            for t, h, n, r in sampler.holds
+        ],
         "records": run["records"],
     }
+
+
+def continued_suffixes(records: list[dict[str, Any]]) -> int:
+    """The prompt tokens D had to compute for the turns continued on it, had its cache held
+    every verified history it was sent (pinned or released): beside D's own `local_compute`
+    count, what D computed beyond this is what its cache had evicted (or P/D turns' last
+    partial block)."""
+    return sum(
+        r["prompt_tokens"] - (r.get("reused_tokens") or 0)
+        for r in records
+        if r.get("path") == "continue"
+    )
 
 
 def workload_config(args: argparse.Namespace) -> aw.WorkloadConfig:
@@ -333,7 +381,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     ctx, pids = start_stack(args, plan, run_dir)
     try:
         streamed_turn(ctx, aw.PlannedTurn(1, "first", 32, 0, 8, 0).ids(), "warmup", "warmup", 8)
-        sampler = KvSampler(ctx["d"], args.sample_s)
+        token = stack.read_lease_token(run_dir)
+        sampler = KvSampler(ctx["d"], args.sample_s, ctx["router"], token)
         run_ = replay(ctx, plan, args.time_scale, sampler)
     finally:
         stop_all(pids)
