@@ -299,6 +299,8 @@ async def _ready(request: web.Request) -> web.StreamResponse:
 
 
 async def _metrics(request: web.Request) -> web.StreamResponse:
+    if (router := request.app.get(ROUTER)) is not None:
+        router.paths.refresh()  # the learned values, as of this scrape
     body = generate_latest(request.app[METRICS].registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -3,8 +3,10 @@
 Why it exists: `costmodel.py` is the pure model (choose a path for a shape, learn from
 observations); the flow only knows turns. This module turns a verified turn into the model's
 `Shape` and the live tuning into its `Bounds`, feeds the model what each leg took, counts the
-paths that served turns (`boomerang_router_path_total{path}`, in both modes), keeps the
-coefficient and break-even gauges current, and answers `Router.state()`'s part.
+paths that served turns (`boomerang_router_path_total{path}`, in both modes), sets the
+coefficient and break-even gauges when `/metrics` is scraped (`refresh`: not on every
+observation, where it cost a turn about a tenth of the router's CPU), and answers
+`Router.state()`'s part.
 
 The bounds are read from `config.tuning` at each turn, so a hot-reloaded tuning (`tuning.py`)
 applies to the next turn. The engine's `recompute_threshold` is the floor of every break-even.
@@ -77,21 +79,19 @@ class PathBook:
             return
         pulled = max(0, min(pulled, prompt))
         self.model.observe_prefill(prompt - pulled, pulled, seconds)
-        self.refresh()
 
     def observe_decode_first(self, prompt_tokens: int, seconds: float) -> None:
         self.model.observe_decode_first(prompt_tokens, seconds)
-        self.refresh()
 
     def observe_continue(self, computed_tokens: int, seconds: float) -> None:
         self.model.observe_continue(max(0, computed_tokens), seconds)
-        self.refresh()
 
     def break_even_tokens(self) -> float:
         return float(self.model.break_even_tokens(self.bounds()))
 
     def refresh(self) -> None:
-        """Set the coefficient and break-even gauges to the model's current values."""
+        """Set the coefficient and break-even gauges to the model's current values (called
+        by the `/metrics` handler before each scrape)."""
         for name, value in self.model.coefficients().as_metrics().items():
             self.metrics.cost_coefficient.labels(name).set(value)
         self.metrics.break_even_tokens.set(self.break_even_tokens())
