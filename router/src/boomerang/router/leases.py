@@ -168,7 +168,7 @@ class Retention:
         """`handle` (taken by a turn) will never be offered: release D's blocks now, in a
         task of its own (the turn does not wait; its handler may be cancelled once the client
         has its answer, which must not cancel the release: vLLM's TTL would hold the blocks)."""
-        if not self.adaptive or handle.released:
+        if not self.adaptive:
             return
         rid = _rid_or_none(handle)
         if rid is not None:
@@ -287,7 +287,7 @@ class Retention:
             if status == "expired" and lease is not None:  # D may still hold it: free it
                 await self._release_ids(lease.decode_url, [lease.request_id], "ended")
             return status == "expired" and lease is not None
-        rid = None if handle.released else _rid_or_none(handle)
+        rid = _rid_or_none(handle)
         if rid is not None:
             await self._release_ids(handle.decode_url, [rid], "ended")
         return True
@@ -302,7 +302,7 @@ class Retention:
         if handle is None:
             return None
         rid = _rid_or_none(handle)
-        if rid is None or handle.released:  # released: D has nothing left to renew
+        if rid is None:  # none, or released: D has nothing to renew
             await self._put_back(key, handle, now)
             return None
         asked = self._config.decoder_blocks_ttl_s if seconds is None else seconds
@@ -355,7 +355,10 @@ class Retention:
 
 
 def _rid_or_none(handle: Handle) -> str | None:
-    """The handle's D request id (None: none, or its params are unreadable)."""
+    """The request whose blocks D pins for the handle (None: none, its params are unreadable,
+    or its lease was released: D pins nothing for it any more)."""
+    if handle.released:
+        return None
     try:
         return request_id_of(handle.kv_params())
     except ValueError:
