@@ -447,7 +447,13 @@ def test_the_nonnegative_solution_is_the_best_feasible_point(
         [sum(r[i] * r[j] for r in rows) + (1.0 if i == j else 0.0) for j in range(4)]
         for i in range(4)
     ]
-    theta = wls.nonnegative_solve(m, v)
+    theta, free = wls.nonnegative_solve(m, v)
+    for first in itertools.chain.from_iterable(
+        itertools.combinations(range(4), k) for k in range(1, 5)
+    ):  # wherever the search starts, it ends at the one optimum
+        assert wls.nonnegative_solve(m, v, first)[0] == pytest.approx(theta, abs=1e-6)
+    if free is not None:
+        assert all(theta[i] == 0 for i in range(4) if i not in free)
 
     def objective(t: list[float]) -> float:
         return sum(t[i] * m[i][j] * t[j] for i in range(4) for j in range(4)) - 2 * sum(

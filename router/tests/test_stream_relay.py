@@ -311,3 +311,31 @@ async def test_the_handler_task_does_not_wake_per_read(monkeypatch: pytest.Monke
     got, result = await relay(reads)
     assert isinstance(got, bytes) and result is not None and len(result.output_ids) == 16
     assert len(reads) == 18 and waits <= 3  # the first event, then the end: not one per read
+
+
+async def test_the_headers_leave_with_the_first_event() -> None:
+    """One write for the headers and D's first event (a send and a segment fewer per streamed
+    turn), then one per read of D's stream."""
+    raw = vllm_stream("ab")
+    cut = raw.index(b"\n\n") + 2
+    writes: list[bytes] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        transport = cast(Any, request.transport)
+        write, writelines = transport.write, transport.writelines
+        transport.write = lambda data: (writes.append(bytes(data)), write(data))[1]
+        transport.writelines = lambda parts: (writes.append(b"".join(parts)), writelines(parts))
+        stream = cast(EngineStream, ScriptedStream([raw[:cut], raw[cut:]]))
+        result = await StreamRelay(False, lambda: None).run(request, stream, 2.0)
+        assert result.response is not None
+        return result.response
+
+    app = web.Application()
+    app.router.add_get("/", handler)
+    async with TestClient(TestServer(app)) as client:
+        resp = await client.get("/")
+        got = await resp.read()
+    assert writes[0].startswith(b"HTTP/1.1 200") and b"\r\n\r\n" in writes[0]
+    head, first = writes[0].split(b"\r\n\r\n", 1)
+    assert b"text/event-stream" in head and b'"role":"assistant"' in first
+    assert len(writes) == 2 and client_events(got)[0]["choices"][0]["delta"]["role"] == "assistant"

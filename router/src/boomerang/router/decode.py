@@ -31,12 +31,6 @@ from boomerang.router.upstream import (
 )
 from boomerang.router.validation import ClientRequest
 
-SSE_HEADERS = {
-    "Content-Type": "text/event-stream",
-    "Cache-Control": "no-cache",
-    "X-Accel-Buffering": "no",
-}
-
 
 class ClientGone(Exception):
     """The client disconnected while the answer was being written."""
@@ -128,14 +122,12 @@ async def answer_buffered(
 ) -> web.StreamResponse:
     """Re-emit a complete response as a stream for a streaming client."""
     body = protocol.client_payload(payload, keep_token_ids=keep_ids)
-    response = web.StreamResponse(headers=SSE_HEADERS)
+    response = sse.Response()
+    events = [sse.event(chunk) for chunk in sse.chunks_from_response(body, include_usage)]
     try:
         await response.prepare(request)
         on_first()
-        for chunk in sse.chunks_from_response(body, include_usage):
-            await response.write(sse.event(chunk))
-        await response.write(sse.DONE_EVENT)
-        await response.write_eof()
+        await response.write_eof(b"".join([*events, sse.DONE_EVENT]))  # all is here: one write
     except ConnectionResetError:
         raise ClientGone() from None
     return response
@@ -198,7 +190,7 @@ class StreamRelay:
             raise UpstreamError("timeout", "no first event in time") from None
         if self._failure is not None:
             raise self._failure
-        out = web.StreamResponse(headers=SSE_HEADERS)
+        out = sse.Response()
         chunked = request.version >= HttpVersion11
         if chunked:
             out.enable_chunked_encoding()  # framed here too: callbacks write the chunks

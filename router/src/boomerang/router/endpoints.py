@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -140,16 +139,27 @@ class Pool:
                     ep.ejected = False
                     ep.successes_since_eject = 0
 
-    @contextmanager
-    def track(self, ep: Endpoint, work: float) -> Iterator[None]:
-        """Count a request against the endpoint's load while it runs."""
-        ep.inflight += 1
-        ep.work += work
-        try:
-            yield
-        finally:
-            ep.inflight -= 1
-            ep.work -= work
+    def track(self, ep: Endpoint, work: float) -> Tracked:
+        """Count a request against the endpoint's load while it runs (`with`)."""
+        return Tracked(ep, work)
+
+
+class Tracked:
+    """A request counted against its endpoint's load for the `with` block: a class, not a
+    generator context manager, because every engine call of every turn enters one."""
+
+    __slots__ = ("_ep", "_work")
+
+    def __init__(self, ep: Endpoint, work: float) -> None:
+        self._ep, self._work = ep, work
+
+    def __enter__(self) -> None:
+        self._ep.inflight += 1
+        self._ep.work += self._work
+
+    def __exit__(self, *exc: object) -> None:
+        self._ep.inflight -= 1
+        self._ep.work -= self._work
 
 
 def compatible(a: Endpoint, b: Endpoint) -> bool:
