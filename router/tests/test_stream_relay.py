@@ -131,13 +131,20 @@ class ScriptedStream:
 
 
 async def relay(
-    pieces: list[Any], keep_ids: bool = False, on_client: Any = None, stream: Any = None
+    pieces: list[Any],
+    keep_ids: bool = False,
+    on_client: Any = None,
+    stream: Any = None,
+    on_request: Any = None,
 ) -> tuple[bytes | UpstreamError, DecodeResult | None]:
-    """Run a StreamRelay in a real aiohttp server; (what the client got, the result)."""
+    """Run a StreamRelay in a real aiohttp server; (what the client got, the result).
+    `on_request` sees the server's request before the relay runs."""
     results: list[DecodeResult] = []
     stream = cast(EngineStream, stream or ScriptedStream(pieces))
 
     async def handler(request: web.Request) -> web.StreamResponse:
+        if on_request is not None:
+            on_request(request)
         try:
             result = await StreamRelay(keep_ids, lambda: None).run(request, stream, 2.0)
         except UpstreamError as exc:
@@ -320,22 +327,14 @@ async def test_the_headers_leave_with_the_first_event() -> None:
     cut = raw.index(b"\n\n") + 2
     writes: list[bytes] = []
 
-    async def handler(request: web.Request) -> web.StreamResponse:
+    def spy_on_writes(request: web.Request) -> None:
         transport = cast(Any, request.transport)
         write, writelines = transport.write, transport.writelines
         transport.write = lambda data: (writes.append(bytes(data)), write(data))[1]
         transport.writelines = lambda parts: (writes.append(b"".join(parts)), writelines(parts))
-        stream = cast(EngineStream, ScriptedStream([raw[:cut], raw[cut:]]))
-        result = await StreamRelay(False, lambda: None).run(request, stream, 2.0)
-        assert result.response is not None
-        return result.response
 
-    app = web.Application()
-    app.router.add_get("/", handler)
-    async with TestClient(TestServer(app)) as client:
-        resp = await client.get("/")
-        got = await resp.read()
-    assert writes[0].startswith(b"HTTP/1.1 200") and b"\r\n\r\n" in writes[0]
+    got, _ = await relay([raw[:cut], raw[cut:]], on_request=spy_on_writes)
+    assert isinstance(got, bytes) and client_events(got)[0]["choices"][0]["delta"]["role"]
     head, first = writes[0].split(b"\r\n\r\n", 1)
-    assert b"text/event-stream" in head and b'"role":"assistant"' in first
-    assert len(writes) == 2 and client_events(got)[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert head.startswith(b"HTTP/1.1 200") and b"text/event-stream" in head
+    assert b'"role":"assistant"' in first and len(writes) == 2
