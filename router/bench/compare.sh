@@ -20,7 +20,8 @@ rounds=${ROUNDS:-3}
 py=${PY:?PY: the dev venv python (make sets it)}
 here=$(git rev-parse --show-toplevel)
 base=$(mktemp -d)
-trap 'git -C "$here" worktree remove --force "$base" >/dev/null 2>&1 || rm -rf "$base"' EXIT
+rows=$(mktemp)
+trap 'rm -f "$rows"; git -C "$here" worktree remove --force "$base" >/dev/null 2>&1 || rm -rf "$base"' EXIT
 git -C "$here" worktree add --detach --force "$base" "$ref" >/dev/null
 harness="$here/router/tests:$here/router/bench:$here/connector/bench"
 echo "this tree ($(git -C "$here" rev-parse --short HEAD)$(git -C "$here" diff --quiet || echo +changes)) against $ref ($(git -C "$base" rev-parse --short HEAD)), $rounds rounds"
@@ -36,6 +37,9 @@ for round in $(seq 1 "$rounds"); do
     PYTHONPATH=$path "$py" -m router_bench --saturation-only --no-memory "$@" 2>&1 |
       awk -F'|' -v r="$round" -v t="$tree" -v l="$load" \
         '/^\| [0-9]/ {printf "| %s | %s | %s |%s|%s|%s|%s|\n", r, t, l, $2, $7, $8, $9}
-         /rror|FAIL/ {print}'
+         /rror|FAIL/ {print}' | tee -a "$rows"
   done
 done
+echo
+echo "Medians over the rounds (compare_summary.py):"
+PYTHONPATH=$harness "$py" -m compare_summary <"$rows"
