@@ -44,7 +44,7 @@ def summarize(runs: dict[tuple[str, int], dict[str, tuple[float, float]]]) -> li
     ref = next(iter(by_level.values()))[0][0]
     out = [
         f"| conversations | rounds | {ref} router CPU ms/turn | this | this/{ref} "
-        "| this/{ref}, per engine CPU |".replace("{ref}", ref),
+        f"| this/{ref}, per engine CPU |",
         "|---|---|---|---|---|---|",
     ]
     for level, pairs in sorted(by_level.items()):

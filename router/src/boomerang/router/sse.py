@@ -142,8 +142,9 @@ class Response(web.StreamResponse):
     """A streamed answer whose headers leave with its first event, in one write.
 
     aiohttp's `StreamResponse` sends its headers on their own when prepared; its `Response`
-    holds them for the body (aiohttp >= 3.12, the class attribute below; older versions ignore
-    it and send them at once, as before). The router prepares a stream only once D's first
+    holds them for the body, by the class attribute below (in the aiohttp releases that hold
+    headers at all, as the 3.14 the tests run on does; older ones ignore the attribute and
+    send them at once, as before). The router prepares a stream only once D's first
     event is in and writes that event right away, so holding the headers costs no latency and
     saves a send and a TCP segment per streamed turn. Any first write, even an empty one,
     sends them: `ChunkWriter` writes to the socket only after it.

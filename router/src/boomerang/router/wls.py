@@ -57,20 +57,16 @@ class ForgettingFit:
 
     def add(self, x: Sequence[float], y: float) -> None:
         """One observation (finite, checked by the caller)."""
-        d, w, a, b = self._decay, _weight(x, self.theta), self._a, self._b
-        for i, xi in enumerate(x):
-            b[i] = d * b[i] + w * xi * y
-            row = a[i]
-            for j, xj in enumerate(x):
-                row[j] = d * row[j] + w * xi * xj
+        d, n, w = self._decay, len(x), _weight(x, self.theta)
+        for i in range(n):
+            self._b[i] = d * self._b[i] + w * x[i] * y
+            self._a[i] = [d * a for a in self._a[i]]
+        _accumulate(self._a, x, w)
         self._weight = max(self._floor, self._weight * d)
         self.count += 1
-        p = self._weight
-        m = [
-            [aij + p * a0ij for aij, a0ij in zip(r, r0, strict=True)]
-            for r, r0 in zip(a, self._a0, strict=True)
-        ]
-        v = [bi + p * b0i for bi, b0i in zip(b, self._b0, strict=True)]
+        w = self._weight
+        m = [[self._a[i][j] + w * self._a0[i][j] for j in range(n)] for i in range(n)]
+        v = [self._b[i] + w * self._b0[i] for i in range(n)]
         theta, free = nonnegative_solve(m, v, self._free)
         if all(math.isfinite(t) for t in theta):
             self.theta, self._free = theta, free
