@@ -476,6 +476,58 @@ def test_the_nonnegative_solution_is_the_best_feasible_point(
             assert objective(theta) <= objective(t) + 1e-6 * (1 + abs(objective(t)))
 
 
+def _shapes(rng: random.Random, n: int) -> list[tuple[list[float], float]]:
+    """P-leg shaped points (fixed, computed, pulled?, pulled; thousands of tokens) with noise."""
+    out = []
+    for _ in range(n):
+        computed, pulled = rng.uniform(0.01, 4.0), rng.choice([0.0, rng.uniform(0.1, 8.0)])
+        x = [1.0, computed, float(pulled > 0), pulled]
+        y = 0.01 + 0.2 * computed + 0.005 * (pulled > 0) + 0.02 * pulled
+        out.append((x, y * rng.uniform(0.9, 1.1)))
+    return out
+
+
+def test_the_fit_keeps_its_normal_equations_exactly() -> None:
+    """Updated in place, observation by observation, past the prior's floor, the system solved
+    is the one summed from scratch: every point decayed by its age, plus the prior's weight."""
+    prior, points = [0.02, 0.1, 0.0, 0.01], [[1.0, c, 1.0, 1.0] for c in (0.1, 1.0, 4.0)]
+    opts = {"half_life": 10.0, "prior_weight": 5.0, "prior_floor": 0.05}
+    fit = wls.ForgettingFit(prior, points, **opts)
+    unit = wls.ForgettingFit(prior, points, half_life=10.0, prior_weight=1.0, prior_floor=1.0)
+    seen: list[tuple[list[float], float, float]] = []
+    for x, y in _shapes(random.Random(7), 120):
+        predicted = sum(a * b for a, b in zip(x, fit.theta, strict=True))  # a read: solved
+        seen.append((x, y, 1.0 / max(1e-3, predicted) ** 2))
+        fit.add(x, y)
+    d = 0.5 ** (1 / 10.0)
+    prior_w = max(0.05, 5.0 * d ** len(seen))
+    assert prior_w == 0.05  # the floor was reached
+    m = [[prior_w * a for a in row] for row in unit._m]  # unfed: the prior at weight 1
+    v = [prior_w * b for b in unit._v]
+    for age, (x, y, w) in enumerate(reversed(seen)):
+        for i in range(4):
+            v[i] += d**age * w * x[i] * y
+            for j in range(4):
+                m[i][j] += d**age * w * x[i] * x[j]
+    assert fit.theta == pytest.approx(wls.nonnegative_solve(m, v)[0], rel=1e-9, abs=1e-12)
+
+
+def test_solving_now_and_then_learns_what_solving_every_time_does() -> None:
+    """Unread, the fit solves every SOLVE_EVERY observations and weights new points by the last
+    solution's prediction; read after every point, it solves every time. Both end at the same
+    coefficients, within a fraction of a percent."""
+    prior, points = [0.05, 0.05, 0.0, 0.05], [[1.0, c, 1.0, c] for c in (0.1, 1.0, 4.0)]
+    opts = {"half_life": 200.0, "prior_weight": 20.0, "prior_floor": 1.0}
+    lazy, eager = wls.ForgettingFit(prior, points, **opts), wls.ForgettingFit(prior, points, **opts)
+    for x, y in _shapes(random.Random(3), 2000):
+        lazy.add(x, y)
+        eager.add(x, y)
+        assert eager.theta is not None  # read: solved now
+    assert lazy.count == eager.count == 2000
+    assert lazy.theta == pytest.approx(eager.theta, rel=5e-3, abs=1e-4)
+    assert eager.theta == pytest.approx([0.01, 0.2, 0.005, 0.02], rel=0.1, abs=2e-3)
+
+
 def test_a_fit_without_data_is_its_prior_and_forgets_old_data() -> None:
     fit = wls.ForgettingFit(
         [1.0, 2.0], [[1.0, 0.0], [1.0, 1.0]], half_life=10.0, prior_weight=5.0, prior_floor=1e-4
