@@ -9,10 +9,10 @@
 # The order flips each round: the second run of a pair tends to find the machine a little
 # slower (the engines' CPU per turn, the same code in both, shows it).
 #
-# REF is checked out in a temporary git worktree; its router is imported ahead of this tree's
-# (PYTHONPATH comes before the editable install), the harness and fake engines are this
-# tree's. Nothing is installed: the worktree never goes through `make`, which would re-point
-# the cached venv at it.
+# REF is checked out in a temporary git worktree. Each run puts its tree's router first on
+# PYTHONPATH (ahead of the editable install, which points at whichever checkout last ran
+# `make`); the harness and fake engines are this tree's. Nothing is installed: the worktree
+# never goes through `make`, which would re-point the cached venv at it.
 set -euo pipefail
 ref=${1:?usage: compare.sh REF [router_bench args...]}
 shift
@@ -31,7 +31,7 @@ for round in $(seq 1 "$rounds"); do
   order=("$ref" this)
   [ $((round % 2)) = 1 ] || order=(this "$ref")  # ABBA: neither tree always runs second
   for tree in "${order[@]}"; do
-    path=$harness
+    path="$here/router/src:$harness"
     [ "$tree" = this ] || path="$base/router/src:$harness"
     load=$(cut -d' ' -f1 /proc/loadavg)
     PYTHONPATH=$path "$py" -m router_bench --saturation-only --no-memory "$@" 2>&1 |
