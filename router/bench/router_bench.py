@@ -24,7 +24,11 @@ costs it what an engine call costs the router.
 Saturation: a slot sends its next turn as soon as the reply arrives (closed loop), so at 64 slots
 and more latency is mostly queueing and turns/s is what the machine sustains. CPU ms/turn: a
 process's user+system time (/proc) during the router rounds / router turns (the engines serve 3
-requests per routed turn: tokenize, P, D). Fixed offered load: a slot waits an exponential think
+requests per routed turn: tokenize, P, D). Router reads+writes/turn: the router's read and write
+system calls (/proc/PID/io syscr + syscw) per routed turn: a streamed turn costs a read of D's
+socket and a write to the client's per batch of events, and how many events a read brings
+depends on the timing of both processes, so this column says which case a row measured. Fixed
+offered load: a slot waits an exponential think
 time (mean N / rate, seeded: the same in both modes) before each turn, for a fixed time per round,
 so about `--rate` turns/s arrive (fewer at 1 slot, whose latency adds to its think time). Memory
 per stored conversation: tracemalloc over 100k realistic handles in this process (D's params with
@@ -125,6 +129,7 @@ class Mode:
     latencies: list[float] = field(default_factory=list)
     wall_s: float = 0.0
     cpu_s: dict[str, float] = field(default_factory=dict)
+    router_syscalls: int = 0
 
 
 @dataclass
@@ -148,6 +153,12 @@ class Bench:
             out[name] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         return out
 
+    def router_syscalls(self) -> int:
+        """Read and write system calls the router made so far (/proc/PID/io)."""
+        with open(f"/proc/{self.pids['router']}/io") as f:
+            counts = dict(line.split(": ") for line in f.read().splitlines())
+        return int(counts["syscr"]) + int(counts["syscw"])
+
 
 async def _round(
     bench: Bench, mode: Mode, client: EngineClient, slots: int, mean_s: float, tag: str
@@ -157,7 +168,8 @@ async def _round(
     count = 1 if tag == "w" else None if mean_s else SIZES[slots]
     turns = 1 if tag == "w" else TURNS
     seconds = max(MIN_ROUND_S, TURNS * mean_s) if mean_s else float("inf")
-    cpu, start, out = bench.cpu(), time.perf_counter(), list[float]()
+    cpu, syscalls = bench.cpu(), bench.router_syscalls()
+    start, out = time.perf_counter(), list[float]()
 
     async def slot(i: int) -> None:
         thinks, deadline = think_times(f"{tag}/{i}", mean_s), start + seconds  # same in both modes
@@ -177,6 +189,7 @@ async def _round(
         mode.latencies += out
         for name, used in bench.cpu().items():
             mode.cpu_s[name] = mode.cpu_s.get(name, 0.0) + used - cpu[name]
+        mode.router_syscalls += bench.router_syscalls() - syscalls
 
 
 async def _level(bench: Bench, slots: int, mean_s: float) -> tuple[Mode, Mode]:
@@ -218,7 +231,9 @@ def _table(bench: Bench, fixed_load: bool) -> None:
         print("64+ conversations latency is queueing: the fixed-load table measures added latency)")
         print(
             f"| conversations | turns | {latency} | router turns/s | router CPU ms/turn "
-            "| engines CPU ms/turn | load gen CPU ms/turn |\n" + "|---" * 9 + "|"
+            "| engines CPU ms/turn | load gen CPU ms/turn | router reads+writes/turn |\n"
+            + "|---" * 10
+            + "|"
         )
     for slots in SIZES:
         direct, routed = asyncio.run(_level(bench, slots, slots / bench.rate if fixed_load else 0))
@@ -226,7 +241,8 @@ def _table(bench: Bench, fixed_load: bool) -> None:
         rate = f"{n / routed.wall_s:.0f}"
         cpu = [f"{routed.cpu_s[k] / n * 1e3:.2f}" for k in (*bench.pids, "load generator")]
         latency_cells = _latency_cells(direct, routed)
-        cells = [rate, *latency_cells] if fixed_load else [*latency_cells, rate, *cpu]
+        syscalls = f"{routed.router_syscalls / n:.1f}"
+        cells = [rate, *latency_cells] if fixed_load else [*latency_cells, rate, *cpu, syscalls]
         print(f"| {slots} | {n} | " + " | ".join(cells) + " |")
 
 
