@@ -13,8 +13,8 @@ the systems are at most 4x4 and the router must not grow a heavy dependency for 
   fit, and a fit fed one point only stays well posed (the prior decides the split).
 - Non-negative: the solution minimises the weighted squared error over coefficients >= 0,
   exactly (an active-set search over the at most 16 subsets of free coefficients). The search
-  tries the previous solution's free coefficients first: one observation rarely changes which
-  coefficients are pinned at 0, so the usual observation costs one solve, not the six or so a
+  tries the previous solution's free coefficients first: a few observations rarely change which
+  coefficients are pinned at 0, so the usual search costs one solve, not the six or so a
   search from the full set took in the router benchmark (about 15 % of a routed turn's CPU).
 - Cheap per observation: the fit is fed on every turn, in both modes, and read far less often
   (static mode: when `/metrics` is scraped; adaptive: once per verified turn). So an
