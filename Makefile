@@ -12,7 +12,7 @@ VENV := $(BOOMERANG_CACHE)/venv-dev-$(DEV_HASH)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bench-router bench-router-compare bench-fit bench-ttft bench-partial bench-agents bench-paths bench-retention print-venv dev engine tools redis lua prometheus node images install-yaml check lint types test unit demo cluster cluster-node crds
+.PHONY: bench-router bench-router-compare bench-wake bench-fit bench-ttft bench-partial bench-agents bench-paths bench-retention print-venv dev engine tools redis lua prometheus node images install-yaml check lint types test unit demo cluster cluster-node crds
 
 # The cached venv installs this checkout in editable mode; `.done` records which checkout, so a
 # fresh clone (CI) re-points it at its own files before testing them.
@@ -102,6 +102,9 @@ bench-router: dev
 # This tree's router against commit REF's, runs alternating (router/bench/compare.sh).
 bench-router-compare: dev
 	PY=$(PY) ROUNDS=$(or $(ROUNDS),3) bash router/bench/compare.sh $(or $(REF),HEAD) $(ARGS)
+# What a wake-up from idle costs an event loop on this machine (router/bench/wake_cost.py).
+bench-wake: dev
+	PYTHONPATH=$(BENCH_PATH) $(PY) -m wake_cost $(ARGS)
 # The cost model's learning, per turn (router/bench/bench_fit.py); PYTHONPATH first if given.
 bench-fit: dev
 	PYTHONPATH=$(if $(PYTHONPATH),$(PYTHONPATH):)$(BENCH_PATH) $(PY) -m bench_fit $(ARGS)

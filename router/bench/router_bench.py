@@ -27,12 +27,17 @@ process's user+system time (/proc) during the router rounds / router turns (the 
 requests per routed turn: tokenize, P, D). Router reads+writes/turn: the router's read and write
 system calls (/proc/PID/io syscr + syscw) per routed turn: a streamed turn costs a read of D's
 socket and a write to the client's per batch of events, and how many events a read brings
-depends on the timing of both processes, so this column says which case a row measured. Fixed
-offered load: a slot waits an exponential think
-time (mean N / rate, seeded: the same in both modes) before each turn, for a fixed time per round,
-so about `--rate` turns/s arrive (fewer at 1 slot, whose latency adds to its think time). Memory
-per stored conversation: tracemalloc over 100k realistic handles in this process (D's params with
-one block id per block and the per-block hashes), for a 1k-token history in 16-token blocks and
+depends on the timing of both processes, so this column says which case a row measured. Router
+wakes/turn: how often the router's event loop went to sleep and was woken (its voluntary context
+switches) per routed turn. Rows with many (one conversation: the router idles between the
+engines' answers; D paced: between D's events) cost more CPU per turn for that alone: about
+90 µs per wake-up on the 2-core VMs this was measured on (the slope across rows), of which a
+bare event loop pays about 30 (`wake_cost.py`). Fixed offered load: a slot waits an exponential
+think time (mean N / rate, seeded: the same in both modes) before each turn, for a fixed time
+per round, so about `--rate` turns/s arrive (fewer at 1 slot, whose latency adds to its think
+time). Memory per stored conversation: tracemalloc over 100k realistic handles in this process
+(D's params with one block id per block and the per-block hashes), for a 1k-token history in
+16-token blocks and
 8k and 32k tokens in 128-token blocks (`bench_memory.CASES`).
 
 Streamed turns (`--stream`): the client asks for `stream: true` and `max_tokens: 16`; D streams as
@@ -53,8 +58,6 @@ import gc
 import itertools
 import os
 import statistics
-import subprocess
-import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -62,6 +65,7 @@ from dataclasses import dataclass, field
 import orjson
 from aiohttp import web
 from bench_memory import CASES, memory_per_conversation
+from bench_procs import cpu_seconds, io_calls, spawn, use_uvloop, wakes
 from bench_turns import STREAM_TOKENS, conversation, think_times
 from prometheus_client.parser import text_string_to_metric_families
 from router_testing import EngineSpec, Fabric, FakeEngine, free_port, wait_port
@@ -75,15 +79,6 @@ SIZES = {1: 50, 64: 2, 256: 1}
 ROUNDS = 3
 MIN_ROUND_S = 4.0
 """A fixed-load round lasts max(this, TURNS mean think times) seconds."""
-
-
-def _use_uvloop() -> str:
-    try:
-        import uvloop
-    except ImportError:
-        return "asyncio"
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    return "uvloop"
 
 
 async def _serve_engines(p_port: int, d_port: int, chunk_delay_s: float = 0.0) -> None:
@@ -130,6 +125,7 @@ class Mode:
     wall_s: float = 0.0
     cpu_s: dict[str, float] = field(default_factory=dict)
     router_syscalls: int = 0
+    router_wakes: int = 0
 
 
 @dataclass
@@ -147,17 +143,8 @@ class Bench:
     def cpu(self) -> dict[str, float]:
         """CPU seconds (user + system) used so far by each process."""
         out = {"load generator": time.process_time()}
-        for name, pid in self.pids.items():
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            out[name] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        out |= {name: cpu_seconds(pid) for name, pid in self.pids.items()}
         return out
-
-    def router_syscalls(self) -> int:
-        """Read and write system calls the router made so far (/proc/PID/io)."""
-        with open(f"/proc/{self.pids['router']}/io") as f:
-            counts = dict(line.split(": ") for line in f.read().splitlines())
-        return int(counts["syscr"]) + int(counts["syscw"])
 
 
 async def _round(
@@ -168,7 +155,8 @@ async def _round(
     count = 1 if tag == "w" else None if mean_s else SIZES[slots]
     turns = 1 if tag == "w" else TURNS
     seconds = max(MIN_ROUND_S, TURNS * mean_s) if mean_s else float("inf")
-    cpu, syscalls = bench.cpu(), bench.router_syscalls()
+    router = bench.pids["router"]
+    cpu, syscalls, woken = bench.cpu(), io_calls(router), wakes(router)
     start, out = time.perf_counter(), list[float]()
 
     async def slot(i: int) -> None:
@@ -189,7 +177,8 @@ async def _round(
         mode.latencies += out
         for name, used in bench.cpu().items():
             mode.cpu_s[name] = mode.cpu_s.get(name, 0.0) + used - cpu[name]
-        mode.router_syscalls += bench.router_syscalls() - syscalls
+        mode.router_syscalls += io_calls(router) - syscalls
+        mode.router_wakes += wakes(router) - woken
 
 
 async def _level(bench: Bench, slots: int, mean_s: float) -> tuple[Mode, Mode]:
@@ -231,9 +220,8 @@ def _table(bench: Bench, fixed_load: bool) -> None:
         print("64+ conversations latency is queueing: the fixed-load table measures added latency)")
         print(
             f"| conversations | turns | {latency} | router turns/s | router CPU ms/turn "
-            "| engines CPU ms/turn | load gen CPU ms/turn | router reads+writes/turn |\n"
-            + "|---" * 10
-            + "|"
+            "| engines CPU ms/turn | load gen CPU ms/turn | router reads+writes/turn "
+            "| router wakes/turn |\n" + "|---" * 11 + "|"
         )
     for slots in SIZES:
         direct, routed = asyncio.run(_level(bench, slots, slots / bench.rate if fixed_load else 0))
@@ -241,8 +229,8 @@ def _table(bench: Bench, fixed_load: bool) -> None:
         rate = f"{n / routed.wall_s:.0f}"
         cpu = [f"{routed.cpu_s[k] / n * 1e3:.2f}" for k in (*bench.pids, "load generator")]
         latency_cells = _latency_cells(direct, routed)
-        syscalls = f"{routed.router_syscalls / n:.1f}"
-        cells = [rate, *latency_cells] if fixed_load else [*latency_cells, rate, *cpu, syscalls]
+        calls = [f"{routed.router_syscalls / n:.1f}", f"{routed.router_wakes / n:.1f}"]
+        cells = [rate, *latency_cells] if fixed_load else [*latency_cells, rate, *cpu, *calls]
         print(f"| {slots} | {n} | " + " | ".join(cells) + " |")
 
 
@@ -291,14 +279,6 @@ def _memory_table() -> None:
         print(f"| {tokens} | {size} | {blocks} | {hashes} B | {per[0]:.0f} | {per[1]:.0f} |")
 
 
-def _spawn(args: list[str], cpus: list[int] | None) -> subprocess.Popen[bytes]:
-    """A Python child of this interpreter, pinned to `cpus` (None: where this process runs)."""
-    proc = subprocess.Popen([sys.executable, *args], env=dict(os.environ))
-    if cpus:
-        os.sched_setaffinity(proc.pid, cpus)  # right away: before it starts any thread
-    return proc
-
-
 def main(argv: list[str] | None = None) -> None:
     """Run the benchmark and print the tables; exit 1 if the reuse or protocol checks fail."""
     ap = argparse.ArgumentParser(
@@ -329,7 +309,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.memory_only:
         _memory_table()
         return
-    loop_name = _use_uvloop()
+    loop_name = use_uvloop()
     if args.serve_engines:
         asyncio.run(_serve_engines(*args.serve_engines, args.chunk_delay_ms / 1e3))
         return
@@ -342,10 +322,10 @@ def main(argv: list[str] | None = None) -> None:
     ports = [str(free_port()) for _ in range(3)]
     url = {role: f"http://127.0.0.1:{port}" for role, port in zip("pdr", ports, strict=True)}
     delay = ["--chunk-delay-ms", str(args.chunk_delay_ms)]
-    engines = _spawn(["-m", "router_bench", "--serve-engines", *ports[:2], *delay], None)
+    engines = spawn(["-m", "router_bench", "--serve-engines", *ports[:2], *delay], None)
     flags = ["--host", "127.0.0.1", "--port", ports[2], "--log-level", "WARNING"]
     flags += ["--prefill", url["p"], "--decode", url["d"]]
-    router = _spawn(["-m", "boomerang.router", *flags], cpus[:1] if pin else None)
+    router = spawn(["-m", "boomerang.router", *flags], cpus[:1] if pin else None)
     try:
         for port in ports:
             if not wait_port(int(port), 30.0):
