@@ -102,7 +102,7 @@ bench-router: dev
 # This tree's router against commit REF's, runs alternating (router/bench/compare.sh).
 bench-router-compare: dev
 	PY=$(PY) ROUNDS=$(or $(ROUNDS),3) bash router/bench/compare.sh $(or $(REF),HEAD) $(ARGS)
-# What a wake-up from idle costs an event loop on this machine (router/bench/wake_cost.py).
+# What a wake-up from idle costs a Python server on this machine (router/bench/wake_cost.py).
 bench-wake: dev
 	PYTHONPATH=$(BENCH_PATH) $(PY) -m wake_cost $(ARGS)
 # The cost model's learning, per turn (router/bench/bench_fit.py); PYTHONPATH first if given.

@@ -31,13 +31,14 @@ depends on the timing of both processes, so this column says which case a row me
 wakes/turn: how often the router's event loop went to sleep and was woken (its voluntary context
 switches) per routed turn. Rows with many (one conversation: the router idles between the
 engines' answers; D paced: between D's events) cost more CPU per turn for that alone: about
-90 µs per wake-up on the 2-core VMs this was measured on (the slope across rows), of which a
-bare event loop pays about 30 (`wake_cost.py`). Fixed offered load: a slot waits an exponential
-think time (mean N / rate, seeded: the same in both modes) before each turn, for a fixed time
-per round, so about `--rate` turns/s arrive (fewer at 1 slot, whose latency adds to its think
-time). Memory per stored conversation: tracemalloc over 100k realistic handles in this process
-(D's params with one block id per block and the per-block hashes), for a 1k-token history in
-16-token blocks and
+100 µs per wake-up on the 2-core VMs this was measured on (the slope across rows), against
+about 30 for a bare event loop and 50 for aiohttp alone (`wake_cost.py`). Fixed offered load: a
+slot waits an exponential think time (mean N / rate, seeded: the same in both modes) before each
+turn, for a fixed time per round, so about `--rate` turns/s arrive (fewer at 1 slot, whose
+latency adds to its think time); the router's CPU and wake-ups per turn there are those of a
+router that is busy part of the time, between the saturation rows and an idle one. Memory per
+stored conversation: tracemalloc over 100k realistic handles in this process (D's params with
+one block id per block and the per-block hashes), for a 1k-token history in 16-token blocks and
 8k and 32k tokens in 128-token blocks (`bench_memory.CASES`).
 
 Streamed turns (`--stream`): the client asks for `stream: true` and `max_tokens: 16`; D streams as
@@ -214,7 +215,10 @@ def _table(bench: Bench, fixed_load: bool) -> None:
     latency = "direct p50/p99 ms | router p50/p99 ms | added p50/p99 ms"
     if fixed_load:
         print(f"\nLatency at a fixed offered load of {bench.rate:.0f} turns/s (think times)")
-        print(f"| conversations | turns | achieved turns/s | {latency} |\n" + "|---" * 6 + "|")
+        print(
+            f"| conversations | turns | achieved turns/s | {latency} | router CPU ms/turn "
+            "| router wakes/turn |\n" + "|---" * 8 + "|"
+        )
     else:
         print("\nSaturation (closed loop: a slot's next turn goes as soon as its reply is in; at")
         print("64+ conversations latency is queueing: the fixed-load table measures added latency)")
@@ -230,7 +234,10 @@ def _table(bench: Bench, fixed_load: bool) -> None:
         cpu = [f"{routed.cpu_s[k] / n * 1e3:.2f}" for k in (*bench.pids, "load generator")]
         latency_cells = _latency_cells(direct, routed)
         calls = [f"{routed.router_syscalls / n:.1f}", f"{routed.router_wakes / n:.1f}"]
-        cells = [rate, *latency_cells] if fixed_load else [*latency_cells, rate, *cpu, *calls]
+        if fixed_load:  # the router's CPU at a partial load: between saturation and idle
+            cells = [rate, *latency_cells, cpu[0], calls[1]]
+        else:
+            cells = [*latency_cells, rate, *cpu, *calls]
         print(f"| {slots} | {n} | " + " | ".join(cells) + " |")
 
 
