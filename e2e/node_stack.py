@@ -189,6 +189,16 @@ class Stack:
         urls = self.router_urls()
         return bool(urls) and all(line in pdclient.scrape(url) for url in urls)
 
+    def wait_routers_see_both(self, timeout: float, interval: float = 0.5) -> None:
+        """Wait until every router replica counts one P and one D ready. The resource is Ready
+        when its pods are; a replica's first probe of a new engine (every 5 s) may come after."""
+        wait_until(
+            "every router replica counts one P and one D ready",
+            lambda: self.routers_see("prefill", 1) and self.routers_see("decode", 1),
+            timeout=timeout,
+            interval=interval,
+        )
+
     def reference(self) -> SimpleNamespace:
         """What dataplane.turns' single-engine reference takes: P alone, without transfer."""
         return SimpleNamespace(p_url=self.engine_url("prefill"), model=self.model)

@@ -70,6 +70,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             stack.apply_sample(redis_url)
             stack.wait_ready(ENGINES_START_S)
             stack.timings["apply -> Ready (engines start)"] = time.monotonic() - started
+            stack.wait_routers_see_both(timeout=60)  # every test starts from found engines
             yield stack
         finally:
             node_logs(cluster, workdir / "pod-logs")
@@ -151,15 +152,10 @@ def test_engines_run_vllm_in_containers_and_the_routers_find_them(stack: Stack) 
     assert len(routers) == 2
     (router,) = routers[0]["status"]["containerStatuses"]
     assert router["image"] == DEFAULT_ROUTER_IMAGE  # the resource's default
-    # Found through EndpointSlices, under the routers' own RBAC, and probed. The resource is
-    # Ready when its pods are; a replica's first probe of a new engine may come a little after
-    # (once, in CI, a replica had not yet counted P ready when this read its metrics).
-    wait_until(
-        "every router replica counts one P and one D ready",
-        lambda: stack.routers_see("prefill", 1) and stack.routers_see("decode", 1),
-        timeout=60,
-        interval=0.5,
-    )
+    # Found through EndpointSlices, under the routers' own RBAC, and probed (the fixture waited
+    # for their first probes: once, in CI, a replica had not yet counted P ready at Ready).
+    for role in ("prefill", "decode"):
+        assert stack.routers_see(role, 1), role
     assert stack.cluster.audit.denials(f"system:serviceaccount:{stack.namespace}:cpu-router") == []
 
 
@@ -296,12 +292,7 @@ def test_threshold_change_rolls_the_engines_while_a_client_keeps_talking(stack: 
         operator = stack.operator_leader()  # mid-rollout: decode is held for prefill by now
         delete_pod(stack, operator, RELEASE_NAMESPACE)
         stack.wait_ready(2 * ENGINES_START_S)
-        wait_until(
-            "both roles back in the routers",
-            lambda: stack.routers_see("prefill", 1) and stack.routers_see("decode", 1),
-            timeout=120,
-            interval=1.0,
-        )
+        stack.wait_routers_see_both(timeout=120, interval=1.0)  # both roles back in the routers
         served = len(talker.turns)
         wait_until("turns after the rollout", lambda: len(talker.turns) > served + 1, 300, 0.5)
     finally:

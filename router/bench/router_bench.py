@@ -231,13 +231,13 @@ def _table(bench: Bench, fixed_load: bool) -> None:
         direct, routed = asyncio.run(_level(bench, slots, slots / bench.rate if fixed_load else 0))
         n = len(routed.latencies)
         rate = f"{n / routed.wall_s:.0f}"
-        cpu = [f"{routed.cpu_s[k] / n * 1e3:.2f}" for k in (*bench.pids, "load generator")]
+        cpu = {k: f"{routed.cpu_s[k] / n * 1e3:.2f}" for k in (*bench.pids, "load generator")}
         latency_cells = _latency_cells(direct, routed)
-        calls = [f"{routed.router_syscalls / n:.1f}", f"{routed.router_wakes / n:.1f}"]
+        syscalls, woken = f"{routed.router_syscalls / n:.1f}", f"{routed.router_wakes / n:.1f}"
         if fixed_load:  # the router's CPU at a partial load: between saturation and idle
-            cells = [rate, *latency_cells, cpu[0], calls[1]]
+            cells = [rate, *latency_cells, cpu["router"], woken]
         else:
-            cells = [*latency_cells, rate, *cpu, *calls]
+            cells = [*latency_cells, rate, *cpu.values(), syscalls, woken]
         print(f"| {slots} | {n} | " + " | ".join(cells) + " |")
 
 
