@@ -30,6 +30,7 @@ from dataplane.turns import (
     same,
     words,
 )
+from kube import wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
@@ -170,10 +171,15 @@ def test_two_routers_sharing_redis_hand_a_conversation_over(dataplane, redis_url
     b = dataplane.router("router-redis-b", store=store)
     rng = random.Random(29)
     prompt = words(rng, 300)
+    before_a = reuse(a)
     tokens, _, _ = router_completion(a, dataplane.model, prompt, "conv-redis", stream=False)
+    # A router files D's handle (a Redis write) and counts the turn after it answered: the next
+    # turn goes once router A counted this one, as a client's next turn comes after it read.
+    wait_until("router A counted the first turn", lambda: moved(before_a, reuse(a)), 10, 0.05)
     nxt = prompt + tokens + words(rng, 60)
     before = reuse(b)
     result = router_completion(b, dataplane.model, nxt, "conv-redis", stream=False)[:2]
+    wait_until("router B counted the second turn", lambda: moved(before, reuse(b)), 10, 0.05)
     assert moved(before, reuse(b)) == {"hit": 1.0}
     assert same(result, reference(dataplane, nxt))
 
