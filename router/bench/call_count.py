@@ -36,10 +36,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_procs import spawn, use_uvloop
+from bench_procs import use_uvloop
 from bench_turns import conversation, think_times
-from router_bench import TURNS
-from router_testing import free_port, wait_port
+from router_bench import TURNS, engines_and_router
 
 from boomerang.router.upstream import EngineClient
 
@@ -58,7 +57,8 @@ def _hook_and_serve(out: str, argv: list[str]) -> None:
 
     def write(*_: Any) -> None:
         sys.setprofile(None)
-        Path(out).write_text(json.dumps(dict(counts)))
+        Path(f"{out}.part").write_text(json.dumps(dict(counts)))
+        os.replace(f"{out}.part", out)  # whole when it appears: the driver polls for it
 
     signal.signal(signal.SIGUSR1, lambda *_: counts.clear())
     signal.signal(signal.SIGUSR2, write)
@@ -81,34 +81,24 @@ def count(router_src: str | None, conversations: int, warmup: int, stream: bool)
 
 
 async def _count(conversations: int, warmup: int, stream: bool) -> dict[str, int]:
-    p, d, r = (free_port() for _ in range(3))
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "calls.json")
-        engines = spawn(["-m", "router_bench", "--serve-engines", str(p), str(d)], None)
-        flags = ["--host", "127.0.0.1", "--port", str(r), "--log-level", "WARNING"]
-        flags += ["--prefill", f"http://127.0.0.1:{p}", "--decode", f"http://127.0.0.1:{d}"]
-        router = spawn(["-m", "call_count", "--serve-router", out, *flags], None)
         client = EngineClient()
         try:
-            for port in (p, d, r):
-                if not wait_port(port, 30.0):
-                    raise RuntimeError(f"nothing listens on {port}")
-            urls = {"router": f"http://127.0.0.1:{r}"}
-            await _run(client, urls, "w", warmup, stream)
-            router.send_signal(signal.SIGUSR1)
-            await asyncio.sleep(0.2)
-            await _run(client, urls, "m", conversations, stream)
-            router.send_signal(signal.SIGUSR2)
-            deadline = time.monotonic() + 10
-            while not os.path.exists(out) and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
+            with engines_and_router(["-m", "call_count", "--serve-router", out]) as (url, pids):
+                urls = {"router": url["r"]}
+                await _run(client, urls, "w", warmup, stream)
+                os.kill(pids["router"], signal.SIGUSR1)
+                await asyncio.sleep(0.2)
+                await _run(client, urls, "m", conversations, stream)
+                os.kill(pids["router"], signal.SIGUSR2)
+                deadline = time.monotonic() + 10
+                while not os.path.exists(out) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
             data: dict[str, int] = json.loads(Path(out).read_text())
             return data
         finally:
             await client.close()
-            for proc in (router, engines):
-                proc.terminate()
-                proc.wait()
 
 
 async def _run(client: EngineClient, urls: dict[str, str], tag: str, n: int, stream: bool) -> None:

@@ -55,12 +55,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import itertools
 import os
 import statistics
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import orjson
@@ -326,30 +328,42 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--pin needs at least 2 CPUs")
     if pin:
         os.sched_setaffinity(0, cpus[1:])  # the load generator, and the engines it spawns
-    ports = [str(free_port()) for _ in range(3)]
-    url = {role: f"http://127.0.0.1:{port}" for role, port in zip("pdr", ports, strict=True)}
-    delay = ["--chunk-delay-ms", str(args.chunk_delay_ms)]
-    engines = spawn(["-m", "router_bench", "--serve-engines", *ports[:2], *delay], None)
-    flags = ["--host", "127.0.0.1", "--port", ports[2], "--log-level", "WARNING"]
-    flags += ["--prefill", url["p"], "--decode", url["d"]]
-    router = spawn(["-m", "boomerang.router", *flags], cpus[:1] if pin else None)
-    try:
-        for port in ports:
-            if not wait_port(int(port), 30.0):
-                raise RuntimeError(f"nothing listens on {port}")
+    router_cpus = cpus[:1] if pin else None
+    with engines_and_router(["-m", "boomerang.router"], args.chunk_delay_ms, router_cpus) as up:
+        url, pids = up
         modes = (
             Mode("direct", {"p": url["p"], "d": url["d"]}),
             Mode("router", {"router": url["r"]}),
         )
-        pids = {"router": router.pid, "engines": engines.pid}
         bench = Bench(modes, pids, args.rate, args.stream)
         memory = not (args.no_memory or args.saturation_only)
         status = _run(bench, loop_name, memory, fixed_load=not args.saturation_only)
+    raise SystemExit(status)
+
+
+@contextlib.contextmanager
+def engines_and_router(
+    router_cmd: list[str], chunk_delay_ms: float = 0.0, router_cpus: list[int] | None = None
+) -> Iterator[tuple[dict[str, str], dict[str, int]]]:
+    """The fake P and D engines and a router in front of them (`router_cmd` starts it, given
+    its flags), listening: their URLs ("p", "d", "r") and the router's and engines' pids; both
+    stopped after. One place for the benchmarks that drive a router (`call_count` too)."""
+    ports = [str(free_port()) for _ in range(3)]
+    url = {role: f"http://127.0.0.1:{port}" for role, port in zip("pdr", ports, strict=True)}
+    delay = ["--chunk-delay-ms", str(chunk_delay_ms)]
+    engines = spawn(["-m", "router_bench", "--serve-engines", *ports[:2], *delay], None)
+    flags = ["--host", "127.0.0.1", "--port", ports[2], "--log-level", "WARNING"]
+    flags += ["--prefill", url["p"], "--decode", url["d"]]
+    router = spawn([*router_cmd, *flags], router_cpus)
+    try:
+        for port in ports:
+            if not wait_port(int(port), 30.0):
+                raise RuntimeError(f"nothing listens on {port}")
+        yield url, {"router": router.pid, "engines": engines.pid}
     finally:
         for proc in (router, engines):
             proc.terminate()
             proc.wait(timeout=10)
-    raise SystemExit(status)
 
 
 def _run(bench: Bench, loop_name: str, memory: bool = True, fixed_load: bool = True) -> int:
