@@ -5,6 +5,7 @@ of a fake engine client that runs the real worker extension in-process."""
 from __future__ import annotations
 
 import json
+import time
 from collections import defaultdict
 from types import SimpleNamespace
 from typing import Any
@@ -12,9 +13,12 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from boomerang.connector import config, leases
+from boomerang.connector import config, lease_api, leases, pressure
+from boomerang.connector.retained import RetainedBook
 
 TOKEN = "s3cret-token"
+NOW = time.perf_counter()
+"""When the tests' leases yielded (recent: a stale release would be chosen again)."""
 
 
 class FakeKV:
@@ -127,19 +131,42 @@ def test_both_roles_load_the_lease_extension() -> None:
         assert args[args.index("--middleware") + 1] == config.LEASE_MIDDLEWARE
         assert args[args.index("--worker-extension-cls") + 1] == config.LEASE_WORKER_EXTENSION
     module, _, name = config.LEASE_MIDDLEWARE.rpartition(".")
-    assert module == leases.__name__ and hasattr(leases, name)
+    assert module == lease_api.__name__ and hasattr(lease_api, name)
     assert hasattr(leases, config.LEASE_WORKER_EXTENSION.rpartition(".")[2])
 
 
 # --- the middleware ---------------------------------------------------------------------------
 
 
+class FakeEngineCore:
+    """The engine core as the API server reaches it: a utility call runs the retained book's
+    utility on a scheduler whose requests are the book's leases."""
+
+    def __init__(self, book: RetainedBook | None) -> None:
+        owner = SimpleNamespace()
+        if book is not None:
+            owner._boomerang_retained = book
+        manager = SimpleNamespace(get_block_ids=lambda rid: ([1, 2],))
+        requests = book.leases if book is not None else {}
+        scheduler = SimpleNamespace(
+            connector=SimpleNamespace(connector_scheduler=owner if book else None),
+            requests=requests,
+            kv_cache_manager=manager,
+        )
+        self.core = SimpleNamespace(scheduler=scheduler)
+
+    async def call_utility_async(self, method: str, *args: Any) -> Any:
+        assert method == pressure.UTILITY
+        return pressure.retained_utility(self.core, *args)
+
+
 class FakeEngineClient:
     """vLLM's engine client as the API server holds it: collective_rpc runs the extension."""
 
-    def __init__(self, fail: Exception | None = None) -> None:
+    def __init__(self, fail: Exception | None = None, book: RetainedBook | None = None) -> None:
         self.fail = fail
         self.calls: list[str] = []
+        self.engine_core = FakeEngineCore(book)
 
     async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = ()):
         self.calls.append(method)
@@ -187,8 +214,8 @@ def worker(monkeypatch: pytest.MonkeyPatch) -> FakeNixlWorker:
     return fake
 
 
-def app(env: dict[str, str] | None = None) -> leases.LeaseControl:
-    return leases.LeaseControl(
+def app(env: dict[str, str] | None = None) -> lease_api.LeaseControl:
+    return lease_api.LeaseControl(
         downstream, env={config.LEASE_TOKEN_ENV: TOKEN} if env is None else env
     )
 
@@ -204,24 +231,24 @@ async def test_get_reports_held_leases_ceiling_and_version(worker) -> None:
 
 
 async def test_release_answers_released_and_unknown_and_counts(worker) -> None:
-    before = counter(leases.RELEASED_METRIC)
+    before = counter(lease_api.RELEASED_METRIC)
     path = f"{config.LEASE_PATH}/release"
     status, body = await call(app(), "POST", path, {"request_ids": ["held-1", "nope"]})
     assert (status, body) == (200, {"released": ["held-1"], "unknown": ["nope"]})
-    assert counter(leases.RELEASED_METRIC) == before + 1
+    assert counter(lease_api.RELEASED_METRIC) == before + 1
     assert list(worker._reqs_to_send) == ["held-2"]
 
 
 async def test_renew_returns_the_new_deadline_clamped_to_the_ceiling(worker) -> None:
     worker._reqs_to_send["held-1"] = 0.0
-    before = counter(leases.RENEWED_METRIC)
+    before = counter(lease_api.RENEWED_METRIC)
     path = f"{config.LEASE_PATH}/renew"
     status, body = await call(app(), "POST", path, {"request_ids": ["held-1", "x"], "seconds": 1e6})
     assert status == 200 and body["unknown"] == ["x"] and body["ceiling_s"] == 480.0
     deadline = body["renewed"]["held-1"]
     assert 0 < deadline <= leases.time.perf_counter() + 480.0
     assert worker._reqs_to_send["held-1"] == deadline
-    assert counter(leases.RENEWED_METRIC) == before + 1
+    assert counter(lease_api.RENEWED_METRIC) == before + 1
 
 
 @pytest.mark.parametrize(
@@ -286,3 +313,60 @@ def test_the_local_runtime_makes_one_private_token_per_run_dir(tmp_path) -> None
         assert spec.env[config.LEASE_TOKEN_ENV] == token
     settings = stack.router_settings(dd, stack.LocalPorts(), lease_token_file=str(path))
     assert settings["lease_token_file"] == str(path)
+
+
+# --- claims and the retained state (the engine core's book) --------------------------------
+
+
+def book_with(*ids: str) -> RetainedBook:
+    book = RetainedBook()
+    for i, rid in enumerate(ids):
+        book.retained(rid, float(i), 100.0 + i)
+    return book
+
+
+async def test_claim_answers_held_and_gone_and_a_claimed_lease_never_yields(worker) -> None:
+    book = book_with("a", "b", "c")
+    assert book.yielding(2, lambda rid: 2, NOW) == ["a"]  # under pressure: "a" yields first
+    client = FakeEngineClient(book=book)
+    path = f"{config.LEASE_PATH}/claim"
+    status, body = await call(app(), "POST", path, {"request_ids": ["a", "b", "x"]}, client=client)
+    assert (status, body) == (200, {"held": ["b"], "gone": ["a", "x"]})
+    assert book.yielding(10, lambda rid: 2, NOW) == ["c"]  # "b" is claimed: only "c" may yield
+    path = f"{config.LEASE_PATH}/unclaim"
+    status, body = await call(app(), "POST", path, {"request_ids": ["b"]}, client=client)
+    assert (status, body) == (200, {"unclaimed": ["b"]})
+
+
+async def test_get_reports_the_retained_state_beside_the_held_leases(worker) -> None:
+    client = FakeEngineClient(book=book_with("a", "b"))
+    status, body = await call(app(), "GET", config.LEASE_PATH, client=client)
+    assert status == 200 and body["held"] == 2
+    assert body["retained"]["retained"] == 2 and body["retained"]["retained_blocks"] == 4
+
+
+async def test_claims_on_an_engine_without_a_book_are_501(worker) -> None:
+    path = f"{config.LEASE_PATH}/claim"
+    status, body = await call(app(), "POST", path, {"request_ids": ["a"]})
+    assert status == 501 and body["error"]["type"] == "not_supported"
+    status, body = await call(app(), "GET", config.LEASE_PATH)
+    assert status == 200 and "retained" not in body
+
+
+async def test_a_renewal_moves_the_lease_back_in_the_yield_order(worker) -> None:
+    book = book_with("held-1", "held-2")
+    path = f"{config.LEASE_PATH}/renew"
+    client = FakeEngineClient(book=book)
+    status, _ = await call(app(), "POST", path, {"request_ids": ["held-1"]}, client=client)
+    assert status == 200
+    assert book.yielding(1, lambda rid: 1, NOW) == ["held-2"]
+
+
+def test_published_state_sets_gauges_and_counts_what_yielded_once() -> None:
+    seen: dict[str, int] = {}
+    before = counter(lease_api.YIELDED_METRIC)
+    state = {"retained": 3, "retained_blocks": 12, "claimed": 1, "pressure_released": 2}
+    lease_api.publish_state(state, seen)
+    lease_api.publish_state(state, seen)
+    assert counter(lease_api.YIELDED_METRIC) == before + 2
+    assert REGISTRY.get_sample_value("boomerang_engine_retained_blocks") == 12

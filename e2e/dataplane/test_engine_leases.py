@@ -19,7 +19,7 @@ import pytest
 from dataplane.leasing import eventually, held, lease_api, metric
 from dataplane.turns import MAX_TOKENS, same, words
 
-from boomerang.connector.leases import RELEASED_METRIC, RENEWED_METRIC
+from boomerang.connector.lease_api import RELEASED_METRIC, RENEWED_METRIC
 from boomerang.local.engine_client import samples, scrape
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]

@@ -6,7 +6,10 @@ Why it exists: the router releases and renews D's retained blocks through D's le
 bearer-token auth (401 wrong or missing, 403 when the engine has no token), JSON errors, and
 the effect on the shared fake fabric: a released request's blocks are gone (a later read of
 them is a violation, as a read of reused blocks would be wrong KV on a real engine), a renewed
-one's deadline moves later, never earlier. Knobs on `EngineSpec`: `lease_token`, `lease_api`
+one's deadline moves later, never earlier. `POST .../claim` answers which leases D still holds
+(`held`, recorded in `spec.claimed`) and which are `gone` (a lease that yielded to pressure is
+simply no longer on the fabric: `yield_lease` does that), `POST .../unclaim` records the ids in
+`spec.unclaimed`. Knobs on `EngineSpec`: `lease_token`, `lease_api`
 (False: no plugin, 404), `lease_status` (answer every lease call with this status).
 """
 
@@ -29,6 +32,8 @@ def add_routes(app: web.Application, spec: Any) -> None:
     app.router.add_get(LEASE_PATH, api.held)
     app.router.add_post(f"{LEASE_PATH}/release", api.release)
     app.router.add_post(f"{LEASE_PATH}/renew", api.renew)
+    app.router.add_post(f"{LEASE_PATH}/claim", api.claim)
+    app.router.add_post(f"{LEASE_PATH}/unclaim", api.unclaim)
 
 
 def _error(status: int, message: str, kind: str) -> web.Response:
@@ -98,3 +103,33 @@ class _LeaseApi:
         self.spec.renewed.extend(renewed)
         unknown = [rid for rid in ids if rid not in renewed]
         return web.json_response({"renewed": renewed, "unknown": unknown, "ceiling_s": ceiling})
+
+    async def claim(self, request: web.Request) -> web.Response:
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
+        ids, _ = await self._ids(request)
+        mine = self._mine()
+        held = [rid for rid in ids if rid in mine]
+        self.spec.claimed.extend(held)
+        return web.json_response({"held": held, "gone": [r for r in ids if r not in held]})
+
+    async def unclaim(self, request: web.Request) -> web.Response:
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
+        ids, _ = await self._ids(request)
+        self.spec.unclaimed.extend(ids)
+        return web.json_response({"unclaimed": ids})
+
+
+def yield_lease(spec: Any) -> list[str]:
+    """What a real D does under memory pressure: every lease of `spec`'s engine not claimed
+    yields (its blocks are gone from the fabric: reading them is a violation)."""
+    held = spec.fabric.held
+    gone = [
+        rid for (engine, rid) in list(held) if engine == spec.engine_id and rid not in spec.claimed
+    ]
+    for rid in gone:
+        del held[(spec.engine_id, rid)]
+    return gone

@@ -132,6 +132,8 @@ class EngineSpec:
     lease_calls: list[str] = field(default_factory=list)
     released: list[str] = field(default_factory=list)
     renewed: list[str] = field(default_factory=list)
+    claimed: list[str] = field(default_factory=list)
+    unclaimed: list[str] = field(default_factory=list)
 
 
 class FakeEngine:

@@ -55,15 +55,19 @@ revision while a rollout runs both."""
 ENGINE_CAPABILITY_METRIC = "boomerang_engine_capability_info"
 """A gauge (value 1) per engine-side change of Boomerang's plugin that the router relies on,
 named by its `capability` label: `continue` (D frees the blocks of requests it served alone,
-`own_requests`). Absent, the router does not take the path that needs it."""
+`own_requests`), `pressure` (D's retained leases yield to live work when it runs out of KV
+blocks, `pressure`). Absent, the router does not take the path that needs it."""
 CONTINUE_CAPABILITY = "continue"
+PRESSURE_CAPABILITY = "pressure"
+"""D may release a retained lease on its own: a router must claim a lease (the lease API's
+`/claim`) and have D confirm it before offering the handle to P."""
 
 LEASE_TOKEN_ENV = "BOOMERANG_LEASE_TOKEN"
 """The bearer token of the engine's lease API (`boomerang.connector.leases`); unset = the API
 answers 403 (no control), and the router falls back to D's TTL."""
 LEASE_PATH = "/boomerang/v1/leases"
 """Where the lease API lives on the engine's HTTP port: GET it, POST `/release` and `/renew`."""
-LEASE_MIDDLEWARE = "boomerang.connector.leases.LeaseControl"
+LEASE_MIDDLEWARE = "boomerang.connector.lease_api.LeaseControl"
 """The ASGI middleware serving the lease API in vLLM's API server (`--middleware`)."""
 LEASE_WORKER_EXTENSION = "boomerang.connector.leases.LeaseWorker"
 """The methods mixed into vLLM's worker that release or renew D's retained blocks

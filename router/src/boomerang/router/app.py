@@ -30,6 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from boomerang.router import auth, degraded, logs
 from boomerang.router import conversation as conv
 from boomerang.router.admission import InflightLimit, Overloaded
+from boomerang.router.claims import Claims
 from boomerang.router.config import EndpointSource, RouterConfig
 from boomerang.router.decode import ClientGone
 from boomerang.router.discovery import SliceWatcher, api_access
@@ -119,6 +120,7 @@ def _lifecycle(strategy: Strategy | None, store: ConversationStore | None) -> An
         session = aiohttp.ClientSession()  # the Kubernetes API (EndpointSlice watches)
         the_store = store or _make_store(config)
         leases = LeaseClient(config)
+        claims = Claims(leases, metrics)
         retention = app[RETENTION] = Retention(
             config, the_store, leases, metrics, decoders=partial(_kv_blocks, pools[1])
         )
@@ -131,6 +133,7 @@ def _lifecycle(strategy: Strategy | None, store: ConversationStore | None) -> An
             metrics,
             engines,
             retention=retention,
+            claims=claims,
         )
         tasks = _watchers(config, pools, session)
         await probe_all(engines, pools, config, metrics)
@@ -142,6 +145,7 @@ def _lifecycle(strategy: Strategy | None, store: ConversationStore | None) -> An
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await retention.close()
+            await claims.close()
             await leases.close()
             await the_store.close()
             await session.close()

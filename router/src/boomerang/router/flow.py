@@ -21,6 +21,7 @@ Retries (every engine call) are `failover.py`; engine calls and their failures `
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -34,6 +35,7 @@ from boomerang.router import conversation as conv
 from boomerang.router import degraded, protocol
 from boomerang.router.adaptive import AdaptivePaths
 from boomerang.router.capabilities import DecodeMode, decode_mode, observe_stream
+from boomerang.router.claims import Claims, may_offer
 from boomerang.router.config import RouterConfig
 from boomerang.router.decode import DecodeResult, call_and_answer
 from boomerang.router.endpoints import (
@@ -78,6 +80,8 @@ class Router(AdaptivePaths):
     metrics: Metrics
     engines: EngineClient
     retention: RetentionHooks = field(default_factory=NoRetention)
+    claims: Claims | None = None
+    """Claims of D's leases before P may pull them (None: never claim, as in unit tests)."""
     failover: Failover = field(init=False)
     paths: PathBook = field(init=False)
 
@@ -137,12 +141,11 @@ class Router(AdaptivePaths):
         turn.take(status, handle, handle is not None and self._still_held(handle))
 
     async def _verify(self, turn: Turn) -> None:
-        """Decide on the new prompt's token ids what of a taken handle P may reuse."""
+        """Decide on the new prompt's token ids what of a taken handle P may reuse; D confirms
+        its lease meanwhile (`claims.py`)."""
         if turn.handle is None:
             return
-        ids = protocol.known_prompt_ids(turn.req)
-        if ids is None:
-            ids = await self._tokenize(turn)
+        ids, _ = await asyncio.gather(self._prompt_ids(turn), self._claim(turn))
         turn.prompt_ids = ids
         cfg = self.config
         if ids is None:
@@ -155,6 +158,19 @@ class Router(AdaptivePaths):
         turn.verify(reuse)
         if turn.handle is None:  # rejected: nothing D holds is of use to the conversation
             self._release(handle, "superseded")
+
+    async def _prompt_ids(self, turn: Turn) -> list[int] | None:
+        ids = protocol.known_prompt_ids(turn.req)
+        return ids if ids is not None else await self._tokenize(turn)
+
+    async def _claim(self, turn: Turn) -> None:
+        """Claim the taken handle's lease on its decoder, if that decoder's leases may yield to
+        pressure; one D does not confirm is treated as released (never offered to P)."""
+        if turn.handle is None or turn.handle.released or self.claims is None:
+            return
+        turn.claim = await self.claims.claim(self.decode.get(turn.handle.decode_url), turn.handle)
+        if not may_offer(turn.claim):
+            turn.lease_gone()
 
     def _still_held(self, handle: conv.Handle) -> bool:
         """Whether the decoder named by `handle` may still hold its blocks: not when the pod
@@ -409,6 +425,8 @@ class Router(AdaptivePaths):
     async def _finish(self, turn: Turn) -> None:
         """Put back a handle no P received, count the turn's outcome and log it."""
         handle = turn.restore()
+        if handle is not None and turn.claim == "held" and self.claims is not None:
+            self.claims.unclaim(handle)  # not offered to P after all: it may yield again
         if handle is not None and turn.lookup_key is not None:
             now = time.time()
             try:

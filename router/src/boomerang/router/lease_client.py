@@ -1,4 +1,4 @@
-"""The router's side of D's lease API: release and renew D's retained blocks.
+"""The router's side of D's lease API: claim, release and renew D's retained blocks.
 
 Why apart from `leases.py`: this is only the HTTP contract of Boomerang's vLLM plugin
 (`boomerang.connector.leases`, on D's own port under `/boomerang/v1/leases`) and what each of
@@ -9,6 +9,10 @@ token changes): the engine client of the turns carries the engines' API key inst
 failure says whether D may have acted (`maybe_done`: it failed after the request was sent,
 so a handle taken out for it must not be offered again) and whether D offers no control at
 all (`no_control`: no plugin, 401, 403, an unsupported vLLM, or no token here).
+
+A claim (`claim`) asks D which of a turn's leases it still holds and makes D keep them through
+memory pressure (`boomerang.connector.retained`): on a decoder whose leases may yield to live
+work, only a lease D confirmed may be offered to P.
 """
 
 from __future__ import annotations
@@ -119,6 +123,20 @@ class LeaseClient:
             raise LeaseFailure("malformed renew answer", maybe_done=True, no_control=False)
         assert isinstance(renewed, dict) and isinstance(unknown, list)
         return Renewal({str(k): float(v) for k, v in renewed.items()}, unknown, float(ceiling))
+
+    async def claim(self, url: str, request_ids: list[str]) -> tuple[list[str], list[str]]:
+        """Claim D's leases of `request_ids` for P: (held: claimed, safe to offer; gone: never
+        offer them)."""
+        data = await self._call(url, "claim", {"request_ids": request_ids})
+        held, gone = data.get("held"), data.get("gone")
+        if not (_strings(held) and _strings(gone)):
+            raise LeaseFailure("malformed claim answer", maybe_done=True, no_control=False)
+        assert isinstance(held, list) and isinstance(gone, list)
+        return held, gone
+
+    async def unclaim(self, url: str, request_ids: list[str]) -> None:
+        """The claimed leases were not offered after all: they may yield to pressure again."""
+        await self._call(url, "unclaim", {"request_ids": request_ids})
 
     async def close(self) -> None:
         if self._http is not None:

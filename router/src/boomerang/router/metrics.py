@@ -212,6 +212,15 @@ class Metrics:
             p + "lease_errors", "Failed lease API calls to D, by operation.", ["op"], registry=r
         )
         self.leases_renewed = Counter(p + "leases_renewed", "D leases renewed.", registry=r)
+        self.claims = Counter(
+            p + "claims",
+            "Claims of D's leases before offering them to P, by answer (unneeded: D's leases "
+            "never yield; held: offered; gone, failed: not offered).",
+            ["result"],
+            registry=r,
+        )
+        for claim in ("unneeded", "held", "gone", "failed"):
+            self.claims.labels(claim)
         for path in PATHS:
             self.path.labels(path)
         for result in ("ok", "error"):

@@ -34,6 +34,7 @@ turn ends otherwise it is restored (still valid). A continued turn keeps its ver
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from typing import Any, Final
 
 from boomerang.router import conversation as conv
 from boomerang.router import logs
+from boomerang.router.claims import Claim
 from boomerang.router.costmodel import Path
 from boomerang.router.endpoints import Endpoint, Role
 from boomerang.router.reuse import ATTACHED, Outcome, Reuse
@@ -120,6 +122,8 @@ class Turn:
     """The path the cost model chose (adaptive mode), before any fallback; None: not asked."""
     continued: bool = False
     """The decoder holding the history answered the turn itself (the continue path)."""
+    claim: Claim | None = None
+    """D's answer to the claim of the taken handle's lease (`claims.py`); None: not asked."""
 
     # -- the handle's state machine ---------------------------------------------------------
 
@@ -140,6 +144,13 @@ class Turn:
             return
         self._move(Stage.TAKEN)
         self.handle, self.outcome = handle, Outcome.FALLBACK  # until verified
+
+    def lease_gone(self) -> None:
+        """D did not confirm the taken handle's lease (it yielded to pressure, expired, or D
+        did not answer): the handle is treated as released, never offered to P; D's prefix
+        cache may still serve a continued turn."""
+        if self.handle is not None:
+            self.handle = dataclasses.replace(self.handle, released=True)
 
     def verify(self, reuse: Reuse | None) -> None:
         """Record the reuse decision for the prompt (None: its ids are unknown, the handle is

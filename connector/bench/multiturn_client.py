@@ -1,0 +1,255 @@
+"""vLLM's own multi-turn benchmark client, fetched at run time and run against any endpoint.
+
+Why: a benchmark that claims to beat the production baseline must be measured by a client
+nobody here wrote. vLLM ships one (`benchmarks/multi_turn/benchmark_serving_multi_turn.py`) in
+its source distribution, not in its wheel. This module fetches that sdist at a pinned version
+from the package index pip is configured with (never a copy in this repository), checks it
+against the index's SHA-256, unpacks only the `benchmarks/multi_turn/` folder into the cache
+(`$BOOMERANG_CACHE/vllm-multi-turn-<version>/`), and builds a small virtualenv for it from the
+folder's own `requirements.txt` (cached, keyed by that file). The client's one import of vLLM
+itself (`vllm.benchmarks.lib.utils.redact_sensitive_namespace`, for a log line) is answered by
+a stand-in written here, so the client needs no vLLM install.
+
+    python multiturn_client.py [--version V]     # fetch and build, print the client's folder
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import html.parser
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import urllib.parse
+import urllib.request
+import venv
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+VERSION = "0.34.0"
+"""The vLLM release whose multi-turn client the benchmarks run (the newest one here)."""
+FOLDER = "benchmarks/multi_turn/"
+SCRIPT = "benchmark_serving_multi_turn.py"
+DONE = ".complete"
+SKIP_REQUIREMENTS = ("xlsxwriter",)
+"""Only needed for `--excel-output`, which the benchmarks never pass."""
+STAND_IN = '''"""Stands in for the one vLLM helper the multi-turn client imports."""
+
+
+def redact_sensitive_namespace(namespace, fields):
+    values = dict(vars(namespace))
+    for name in fields:
+        if values.get(name) is not None:
+            values[name] = "<redacted>"
+    return values
+'''
+
+
+@dataclass(frozen=True)
+class Client:
+    """The fetched client: its folder, and the Python that runs it."""
+
+    folder: Path
+    python: Path
+
+    @property
+    def script(self) -> Path:
+        return self.folder / SCRIPT
+
+    def env(self, base: Mapping[str, str]) -> dict[str, str]:
+        """The client's environment: its folder and the stand-in first on the path, offline."""
+        path = [str(self.folder), str(self.folder / "stand-in")]
+        if base.get("PYTHONPATH"):
+            path.append(base["PYTHONPATH"])
+        return {
+            **base,
+            "PYTHONPATH": os.pathsep.join(path),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+        }
+
+
+def cache_root(env: Mapping[str, str] = os.environ) -> Path:
+    return Path(env.get("BOOMERANG_CACHE") or Path.home() / ".cache" / "boomerang")
+
+
+def index_url(env: Mapping[str, str] = os.environ) -> str:
+    """The simple index pip uses here: PIP_INDEX_URL, else pip's configuration, else pip's own
+    default (read from pip, so that no registry's name is written in this repository)."""
+    if env.get("PIP_INDEX_URL"):
+        return env["PIP_INDEX_URL"].rstrip("/")
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "get", "global.index-url"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode == 0 and out.stdout.strip():
+        return out.stdout.strip().rstrip("/")
+    from pip._internal.models.index import PyPI
+
+    return str(PyPI.simple_url).rstrip("/")
+
+
+class _Links(html.parser.HTMLParser):
+    """The anchors of a PEP 503 simple page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.links: list[tuple[str, str]] = []
+        self._href: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self._href = dict(attrs).get("href")
+
+    def handle_data(self, data: str) -> None:
+        if self._href is not None:
+            self.links.append((data.strip(), self._href))
+            self._href = None
+
+
+def sdist_of(page: bytes, content_type: str, version: str, base: str) -> tuple[str, str]:
+    """The sdist's URL and SHA-256 for `version` from a simple-index page (PEP 691 JSON or
+    PEP 503 HTML); ValueError when the page lists none with a SHA-256."""
+    name = f"vllm-{version}.tar.gz"
+    if "json" in content_type:
+        for f in json.loads(page).get("files", []):
+            if f.get("filename") == name and f.get("hashes", {}).get("sha256"):
+                return urllib.parse.urljoin(base, f["url"]), f["hashes"]["sha256"]
+    else:
+        parser = _Links()
+        parser.feed(page.decode("utf-8", "replace"))
+        for text, href in parser.links:
+            url, _, fragment = href.partition("#")
+            if text == name and fragment.startswith("sha256="):
+                return urllib.parse.urljoin(base, url), fragment.removeprefix("sha256=")
+    raise ValueError(f"the index lists no {name} with a sha256")
+
+
+def multi_turn_members(tar: tarfile.TarFile) -> list[tarfile.TarInfo]:
+    """The regular files of the sdist's `benchmarks/multi_turn/` folder (paths stay inside)."""
+    out = []
+    for member in tar.getmembers():
+        _, _, inner = member.name.partition("/")
+        if member.isfile() and inner.startswith(FOLDER) and ".." not in Path(inner).parts:
+            out.append(member)
+    return out
+
+
+def _get(url: str, accept: str = "*/*") -> tuple[bytes, str]:
+    req = urllib.request.Request(url, headers={"Accept": accept})
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        return resp.read(), resp.headers.get("Content-Type", "")
+
+
+def fetch(version: str = VERSION, cache: Path | None = None) -> Path:
+    """The client's folder for `version`, fetched and checked once (cached)."""
+    folder = (cache or cache_root()) / f"vllm-multi-turn-{version}"
+    if (folder / DONE).exists():
+        return folder
+    base = index_url() + "/vllm/"
+    accept = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
+    page, kind = _get(base, accept)
+    url, sha256 = sdist_of(page, kind, version, base)
+    raw, _ = _get(url)
+    if hashlib.sha256(raw).hexdigest() != sha256:
+        raise RuntimeError(f"vllm-{version}.tar.gz does not match the index's sha256")
+    shutil.rmtree(folder, ignore_errors=True)
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+        for member in multi_turn_members(tar):
+            target = folder / Path(member.name.partition("/")[2]).relative_to(FOLDER)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            source = tar.extractfile(member)
+            assert source is not None
+            target.write_bytes(source.read())
+    if not (folder / SCRIPT).exists():
+        raise RuntimeError(f"vllm-{version}'s sdist has no {FOLDER}{SCRIPT}")
+    stand_in = folder / "stand-in" / "vllm" / "benchmarks" / "lib"
+    stand_in.mkdir(parents=True)
+    for pkg in (stand_in.parent.parent, stand_in.parent, stand_in):
+        (pkg / "__init__.py").write_text("")
+    (stand_in / "utils.py").write_text(STAND_IN)
+    (folder / DONE).write_text(json.dumps({"version": version, "sha256": sha256}))
+    return folder
+
+
+def requirements(folder: Path) -> list[str]:
+    lines = (folder / "requirements.txt").read_text().splitlines()
+    reqs = [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
+    return [r for r in reqs if not r.lower().startswith(SKIP_REQUIREMENTS)]
+
+
+def client_python(folder: Path, cache: Path | None = None) -> Path:
+    """A virtualenv with the client's requirements (cached, keyed by them)."""
+    reqs = requirements(folder)
+    key = hashlib.sha256("\n".join(reqs).encode()).hexdigest()[:12]
+    home = (cache or cache_root()) / f"venv-multi-turn-{key}"
+    python = home / "bin" / "python"
+    if (home / DONE).exists():
+        return python
+    shutil.rmtree(home, ignore_errors=True)
+    venv.create(home, with_pip=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", *reqs], check=True)
+    (home / DONE).write_text("\n".join(reqs))
+    return python
+
+
+def ensure(version: str = VERSION) -> Client:
+    folder = fetch(version)
+    return Client(folder, client_python(folder))
+
+
+def run(
+    client: Client,
+    *,
+    url: str,
+    model_dir: Path,
+    served_name: str,
+    config: Mapping[str, Any],
+    clients: int,
+    seed: int,
+    workdir: Path,
+    timeout_s: float,
+    extra: Sequence[str] = (),
+) -> list[dict[str, Any]]:
+    """One run of the client: `config` is its conversation generator's JSON (its
+    `text_files` relative to `workdir`); returns its per-request records."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    conf = workdir / "conversations.json"
+    conf.write_text(json.dumps(config))
+    stats = workdir / "requests.json"
+    stats.unlink(missing_ok=True)
+    cmd = [
+        str(client.python), str(client.script),
+        "--input-file", str(conf), "--model", str(model_dir),
+        "--served-model-name", served_name, "--url", url,
+        "--num-clients", str(clients), "--seed", str(seed),
+        "--no-early-stop", "--request-timeout-sec", str(int(timeout_s)),
+        "--stats-json-output", str(stats), *extra,
+    ]  # fmt: skip
+    with open(workdir / "client.log", "wb") as log:
+        subprocess.run(
+            cmd, cwd=workdir, env=client.env(os.environ), stdout=log, stderr=log, check=True
+        )
+    records: list[dict[str, Any]] = json.loads(stats.read_text())
+    return records
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--version", default=VERSION)
+    args = ap.parse_args()
+    client = ensure(args.version)
+    print(client.folder)
+
+
+if __name__ == "__main__":
+    main()
