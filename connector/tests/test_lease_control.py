@@ -17,8 +17,6 @@ from boomerang.connector import config, lease_api, leases, pressure
 from boomerang.connector.retained import RetainedBook
 
 TOKEN = "s3cret-token"
-NOW = time.perf_counter()
-"""When the tests' leases yielded (recent: a stale release would be chosen again)."""
 
 
 class FakeKV:
@@ -327,12 +325,16 @@ def book_with(*ids: str) -> RetainedBook:
 
 async def test_claim_answers_held_and_gone_and_a_claimed_lease_never_yields(worker) -> None:
     book = book_with("a", "b", "c")
-    assert book.yielding(2, lambda rid: 2, NOW) == ["a"]  # under pressure: "a" yields first
+    assert book.yielding(2, lambda rid: 2, time.perf_counter()) == [
+        "a"
+    ]  # under pressure: "a" yields first
     client = FakeEngineClient(book=book)
     path = f"{config.LEASE_PATH}/claim"
     status, body = await call(app(), "POST", path, {"request_ids": ["a", "b", "x"]}, client=client)
     assert (status, body) == (200, {"held": ["b"], "gone": ["a", "x"]})
-    assert book.yielding(10, lambda rid: 2, NOW) == ["c"]  # "b" is claimed: only "c" may yield
+    assert book.yielding(10, lambda rid: 2, time.perf_counter()) == [
+        "c"
+    ]  # "b" is claimed: only "c" may yield
     path = f"{config.LEASE_PATH}/unclaim"
     status, body = await call(app(), "POST", path, {"request_ids": ["b"]}, client=client)
     assert (status, body) == (200, {"unclaimed": ["b"]})
@@ -359,7 +361,7 @@ async def test_a_renewal_moves_the_lease_back_in_the_yield_order(worker) -> None
     client = FakeEngineClient(book=book)
     status, _ = await call(app(), "POST", path, {"request_ids": ["held-1"]}, client=client)
     assert status == 200
-    assert book.yielding(1, lambda rid: 1, NOW) == ["held-2"]
+    assert book.yielding(1, lambda rid: 1, time.perf_counter()) == ["held-2"]
 
 
 def test_published_state_sets_gauges_and_counts_what_yielded_once() -> None:
