@@ -12,7 +12,7 @@ VENV := $(BOOMERANG_CACHE)/venv-dev-$(DEV_HASH)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bench-router bench-router-compare bench-wake bench-calls bench-fit bench-ttft bench-partial bench-agents bench-paths bench-retention print-venv dev engine tools redis lua prometheus node images install-yaml check lint types test unit demo cluster cluster-node crds
+.PHONY: bench-router bench-router-compare bench-wake bench-calls bench-fit bench-ttft bench-partial bench-agents bench-paths bench-production bench-retention print-venv dev engine tools redis lua prometheus node images install-yaml check lint types test unit demo cluster cluster-node crds
 
 # The cached venv installs this checkout in editable mode; `.done` records which checkout, so a
 # fresh clone (CI) re-points it at its own files before testing them.
@@ -119,6 +119,10 @@ bench-agents: dev engine
 	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench_agents $(ARGS)
 bench-paths: dev engine
 	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench_paths $(ARGS)
+# Boomerang's modes against plain vLLM P/D with prefix caching on, measured by vLLM's own
+# multi-turn client (fetched and cached at run time; connector/bench/bench_production.py).
+bench-production: dev engine
+	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench_production $(ARGS)
 # Offline: one agent run's gaps replayed under retention policies (no engine).
 bench-retention: dev
 	PYTHONPATH=$(BENCH_PATH) $(PY) -m retention_frontier $(or $(ARGS),connector/bench/agents-static.json)

@@ -170,3 +170,11 @@ def test_hooks_stay_off_without_the_lease_token() -> None:
     assert pressure.enabled({}) is False
     assert pressure.apply({}) is False
     assert pressure.enabled({"BOOMERANG_LEASE_TOKEN": "t"}) is True
+
+
+def test_yield_unclaimed_queues_every_unclaimed_lease_for_the_next_step() -> None:
+    b = book(a=1.0, b=2.0, c=3.0)
+    b.claim(["b"])
+    assert b.yield_unclaimed(NOW) == ["a", "c"]
+    assert b.take_queued() == ["a", "c"] and b.take_queued() == []
+    assert b.claim(["a", "b"]) == {"held": ["b"], "gone": ["a"]}

@@ -167,10 +167,10 @@ async def test_a_partial_handle_p_may_have_seen_is_spent_like_a_hit(world: Any) 
     history = [{"role": "user", "content": OPENING}]
     reply = await turn(w, history)
     await filed(w, 1)
-    w.prefill[1].fail_status = 500  # ties rotate: the next turn goes to prefill 1 first
+    w.prefill[0].fail_status = 500  # affinity: the next turn goes to prefill 0 (its cache)
     await turn(w, [*history, reply, {"role": "user", "content": "and then?"}])
-    assert w.prefill[1].calls[-1]["kv_transfer_params"]["remote_block_ids"]  # got it, failed
-    assert w.prefill[0].calls[-1]["kv_transfer_params"]["remote_block_ids"] is None
+    assert w.prefill[0].calls[-1]["kv_transfer_params"]["remote_block_ids"]  # got it, failed
+    assert w.prefill[1].calls[-1]["kv_transfer_params"]["remote_block_ids"] is None
     assert await w.reuse("fallback") == 1
     assert await w.reuse("partial") == 0
     assert await w.metric("boomerang_router_reused_tokens_total", outcome="partial") == 0

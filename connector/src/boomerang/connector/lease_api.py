@@ -13,7 +13,9 @@ engine has none); every other request goes to the app untouched:
 - `POST /release`, `POST /renew` (`{"request_ids": [...]}`, renew: optional `seconds`);
 - `POST /claim`: the router is about to offer these leases to P; the answer names which D
   still `held` (now claimed: they will not yield to pressure) and which are `gone` (never offer
-  them); `POST /unclaim`: the router will not offer them after all.
+  them); `POST /unclaim`: the router will not offer them after all;
+- `POST /yield`: every unclaimed retained lease is released at the next engine step (freeing
+  D's retained memory now, e.g. before a benchmark run or when an operator needs it).
 Releases and renewals are counted on the engine's `/metrics`, and the retained state is set on
 gauges there every few seconds (`boomerang_engine_retained_*`,
 `boomerang_engine_leases_yielded_total`), so a router's prober and Prometheus see pressure.
@@ -114,6 +116,7 @@ class LeaseControl:
         f"{LEASE_PATH}/renew": ("POST", "renew"),
         f"{LEASE_PATH}/claim": ("POST", "claim"),
         f"{LEASE_PATH}/unclaim": ("POST", "unclaim"),
+        f"{LEASE_PATH}/yield": ("POST", "yield"),
     }
 
     def __init__(self, app: ASGIApp, env: Mapping[str, str] | None = None) -> None:
@@ -150,6 +153,8 @@ class LeaseControl:
             with contextlib.suppress(LeaseError):
                 body["retained"] = await _core(client, "state")
             return body
+        if op == "yield":
+            return {"yielded": (await _core(client, "yield"))["yielded"]}
         ids, seconds = parse_request(await _read_body(receive), renew=op == "renew")
         if op in ("claim", "unclaim"):
             answer = await _core(client, op, ids)

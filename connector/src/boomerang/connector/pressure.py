@@ -14,9 +14,9 @@ Why: see `retained.py` (the bookkeeping and the choice). This module is where th
   blocks when it processes the step's output (a step or two later; later steps count blocks
   already on their way and release no more for them);
 - the engine core itself: a utility method, `boomerang_retained(op, ...)`, that the API
-  server's lease routes call (`claim`, `unclaim`, `hint`, `state`) through vLLM's own utility
-  channel, so claims and the choice live in one thread (the engine core's loop) and need no
-  lock, whatever the tensor-parallel size.
+  server's lease routes call (`claim`, `unclaim`, `hint`, `yield`, `state`) through vLLM's own
+  utility channel, so claims and the choice live in one thread (the engine core's loop) and
+  need no lock, whatever the tensor-parallel size.
 
 It runs only where a router can claim: the engine's lease API must be on (its token set),
 else a router could not claim and a released lease might be read. The API server publishes the
@@ -147,13 +147,19 @@ def relieve(scheduler: Any, output: Any, missing: int) -> list[str]:
     manager = scheduler.kv_cache_manager
     ids = book.yielding(missing, lambda rid: _freeable(manager, rid), time.perf_counter())
     if ids:
-        setattr(metadata, RELEASE_ATTR, [*getattr(metadata, RELEASE_ATTR, ()), *ids])
+        _name(output, ids)
         log.info(
             "boomerang: %d retained lease(s) yield to live work (%d blocks missing)",
             len(ids),
             missing,
         )
     return ids
+
+
+def _name(output: Any, ids: list[str]) -> None:
+    """Name `ids` on the step's metadata: every worker releases them with the step."""
+    metadata = output.kv_connector_metadata
+    setattr(metadata, RELEASE_ATTR, [*getattr(metadata, RELEASE_ATTR, ()), *ids])
 
 
 def _prune(book: RetainedBook, scheduler: Any) -> None:
@@ -175,6 +181,9 @@ def wrap_schedule(original: Any) -> Any:
         output = original(self, *args, **kwargs)
         if failures:
             relieve(self, output, max(failures))
+        owner = connector_scheduler(self)
+        if owner is not None and (queued := book_of(owner).take_queued()):
+            _name(output, queued)
         return output
 
     setattr(schedule, _PATCHED, True)
@@ -215,6 +224,8 @@ def retained_utility(self: Any, op: str, request_ids: Any = None, seconds: Any =
         return {"supported": True, **book.claim(ids)}
     if op == "unclaim":
         return {"supported": True, "unclaimed": book.unclaim(ids)}
+    if op == "yield":
+        return {"supported": True, "yielded": book.yield_unclaimed(time.perf_counter())}
     if op == "hint":
         now = time.perf_counter()
         book.hint({rid: now + float(seconds) for rid in ids})

@@ -50,6 +50,8 @@ class RetainedBook:
     released_blocks_total: int = 0
     pressure_events: int = 0
     """Scheduler steps in which a request could not get blocks while D held leases."""
+    queued: list[str] = field(default_factory=list)
+    """Leases asked to yield now (`yield_unclaimed`), for the next step's metadata."""
 
     def retained(self, request_id: str, finished_at: float, deadline: float) -> None:
         self.leases[request_id] = Lease(request_id, finished_at, deadline)
@@ -116,6 +118,19 @@ class RetainedBook:
             self.released_blocks_total += blocks
             need -= blocks
         return chosen
+
+    def yield_unclaimed(self, now: float) -> list[str]:
+        """Every unclaimed lease yields at the next step (asked for: an operator freeing D's
+        memory, a benchmark starting clean); claimed ones stay for the reads under way."""
+        ids = [r for r, lease in self.leases.items() if not (lease.claimed or lease.releasing)]
+        for rid in ids:
+            self.leases[rid].releasing, self.leases[rid].released_at = True, now
+        self.queued.extend(ids)
+        return ids
+
+    def take_queued(self) -> list[str]:
+        ids, self.queued = self.queued, []
+        return ids
 
     def state(self, blocks_of: Callable[[str], int]) -> dict[str, int]:
         """What `GET /boomerang/v1/leases` and the engine's metrics report."""

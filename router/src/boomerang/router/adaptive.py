@@ -151,6 +151,8 @@ class AdaptivePaths:
                 self.paths.observe_continue(computed, turn.first_at - start)
             if result.finished:
                 observe_stream(holder, result.params is not None, time.time())
+        if result.finished:
+            self._place(turn, result, holder)
         if result.finished and await settle(self._file(turn, result, holder)):
             self._release(turn.supersede(), "superseded")
         assert result.response is not None
@@ -183,4 +185,7 @@ class AdaptivePaths:
         raise NotImplementedError
 
     async def _file(self, turn: Turn, result: DecodeResult, d_ep: Endpoint) -> bool:
+        raise NotImplementedError
+
+    def _place(self, turn: Turn, result: DecodeResult, d_ep: Endpoint) -> None:
         raise NotImplementedError

@@ -273,6 +273,18 @@ class RouterConfig(_Model):
         "without KV reuse (a one-replica role's pod restarting); false: fail the turn (503, or "
         "502/504 after failures).",
     )
+    affinity: bool = Field(
+        default=True,
+        description="Send a conversation's turn to the prefill and decode engines that served "
+        "its previous turn (their prefix caches hold its history) unless that costs more than "
+        "moving: P by outstanding work plus what it must compute, D within "
+        "decode_affinity_slack.",
+    )
+    affinity_ttl_s: float = Field(
+        default=900.0,
+        gt=0,
+        description="How long the router remembers where a conversation's last turn ran.",
+    )
     fingerprint_conversations: bool = Field(
         default=True,
         description="Find a conversation by its content when the client sends no conversation_id.",

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -197,8 +197,14 @@ def prefill_choices(
 class Strategy(Protocol):
     """Chooses engines; must be cheap and must not do I/O."""
 
-    def prefill(self, candidates: Sequence[Endpoint]) -> Endpoint:
-        """The prefill engine for a turn (candidates is never empty)."""
+    def prefill(
+        self,
+        candidates: Sequence[Endpoint],
+        cached: Mapping[str, int] | None = None,
+        prompt_tokens: float = 0.0,
+    ) -> Endpoint:
+        """The prefill engine for a turn (candidates is never empty); `cached` is what each
+        engine (by URL) probably holds of the prompt in its prefix cache."""
         ...
 
     def decode(self, candidates: Sequence[Endpoint], holder: str | None) -> Endpoint:
@@ -207,7 +213,8 @@ class Strategy(Protocol):
 
 
 class LeastWorkAffinity:
-    """Least outstanding work for P; decode affinity with an overload escape for D."""
+    """P: the least work left, counting what each P must compute of the prompt (its prefix
+    cache may hold the history); D: affinity to the holder with an overload escape."""
 
     def __init__(self, slack: int = 4) -> None:
         self.slack = slack
@@ -221,8 +228,22 @@ class LeastWorkAffinity:
             return min(ordered, key=lambda e: (e.work, e.inflight))
         return min(ordered, key=lambda e: (e.inflight, e.work))
 
-    def prefill(self, candidates: Sequence[Endpoint]) -> Endpoint:
-        return self._least(candidates, key_work=True)
+    def prefill(
+        self,
+        candidates: Sequence[Endpoint],
+        cached: Mapping[str, int] | None = None,
+        prompt_tokens: float = 0.0,
+    ) -> Endpoint:
+        if not cached:
+            return self._least(candidates, key_work=True)
+        start = next(self._ticks["prefill"]) % len(candidates)
+        ordered = list(candidates[start:]) + list(candidates[:start])
+
+        def left(ep: Endpoint) -> tuple[float, int]:
+            to_compute = max(0.0, prompt_tokens - cached.get(ep.url, 0))
+            return ep.work + to_compute, ep.inflight
+
+        return min(ordered, key=left)
 
     def decode(self, candidates: Sequence[Endpoint], holder: str | None) -> Endpoint:
         least = self._least(candidates, key_work=False)

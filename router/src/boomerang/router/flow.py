@@ -34,6 +34,7 @@ from aiohttp import web
 from boomerang.router import conversation as conv
 from boomerang.router import degraded, protocol
 from boomerang.router.adaptive import AdaptivePaths
+from boomerang.router.affinity import Affinity, Placement, cached_tokens
 from boomerang.router.capabilities import DecodeMode, decode_mode, observe_stream
 from boomerang.router.claims import Claims, may_offer
 from boomerang.router.config import RouterConfig
@@ -82,12 +83,15 @@ class Router(AdaptivePaths):
     retention: RetentionHooks = field(default_factory=NoRetention)
     claims: Claims | None = None
     """Claims of D's leases before P may pull them (None: never claim, as in unit tests)."""
+    affinity: Affinity = field(init=False)
     failover: Failover = field(init=False)
     paths: PathBook = field(init=False)
 
     def __post_init__(self) -> None:
         self.failover = Failover(self.metrics)
         self.paths = PathBook(self.config, self.metrics)
+        cfg = self.config
+        self.affinity = Affinity(cfg.store.max_conversations, cfg.affinity_ttl_s)
 
     async def handle(self, request: web.Request, req: ClientRequest, tenant: str) -> Any:
         """Serve one chat or completion request; returns the response already sent."""
@@ -123,12 +127,16 @@ class Router(AdaptivePaths):
     # -- 2. take, 3. verify ------------------------------------------------------------------
 
     async def _take(self, turn: Turn) -> None:
-        """Take the conversation's handle from the store: from here no concurrent turn can get
-        it (a turn no P will serve holds it only to hand it back)."""
-        if not (self.config.bidirectional and turn.req.single_choice):
+        """Find the conversation (`affinity.py`: where its last turn ran) and take its handle
+        from the store: from here no concurrent turn can get it (a turn no P will serve holds
+        it only to hand it back)."""
+        cfg = self.config
+        if not ((cfg.bidirectional or cfg.affinity) and turn.req.single_choice):
             return
-        turn.lookup_key = turn.find_key(self.config.fingerprint_conversations)
-        if turn.lookup_key is None:
+        turn.lookup_key = turn.find_key(cfg.fingerprint_conversations)
+        if cfg.affinity:
+            turn.placement = self.affinity.get(turn.lookup_key, time.time())
+        if turn.lookup_key is None or not cfg.bidirectional:
             return
         now = time.time()
         try:
@@ -293,6 +301,7 @@ class Router(AdaptivePaths):
         if mode == "stream" and result.finished:
             observe_stream(d_ep, result.params is not None, time.time())
         if result.finished:
+            self._place(turn, result, d_ep)
             await settle(self._file(turn, result, d_ep))
         assert result.response is not None
         return result.response
@@ -390,7 +399,8 @@ class Router(AdaptivePaths):
             if not turn.alone:  # a P/D turn: P must have a decoder of its engine revision
                 holder = self.decode.get(turn.holder)
                 candidates = prefill_choices(candidates, self.decode.candidates(), holder)
-            turn.p_ep = self.strategy.prefill(candidates)
+            cached = cached_tokens(turn.placement, None)
+            turn.p_ep = self.strategy.prefill(candidates, cached, self._work(turn))
             return turn.p_ep
 
         retries = self.config.prefill_retries
@@ -407,7 +417,7 @@ class Router(AdaptivePaths):
                 candidates = partners(turn.p_ep, candidates)
                 if not candidates:  # none of P's revision left: the flow may serve P alone
                     raise unavailable("decode", None)
-            d_ep = self.strategy.decode(candidates, turn.holder)
+            d_ep = self.strategy.decode(candidates, turn.holder or self._placed_decode(turn))
             turn.decode_url = d_ep.url
             return d_ep
 
@@ -415,6 +425,24 @@ class Router(AdaptivePaths):
         return await self.failover.run(
             self.decode, pick, call, retries=retries, before_retry=before_retry
         )
+
+    def _placed_decode(self, turn: Turn) -> str | None:
+        return turn.placement.decode if turn.placement is not None else None
+
+    def _place(self, turn: Turn, result: DecodeResult, d_ep: Endpoint) -> None:
+        """Remember where this turn ran, under the key its next turn will look up."""
+        if not self.config.affinity or not turn.req.single_choice:
+            return
+        key = turn.file_key(self.config.fingerprint_conversations, result.reply)
+        if key is None:
+            return
+        if turn.continued or turn.p_ep is None or turn.alone:  # P computed nothing new
+            old = turn.placement
+            prefill, tokens = (old.prefill, old.prompt_tokens) if old else (None, 0)
+        else:
+            ids = turn.prompt_ids or result.prompt_ids
+            prefill, tokens = turn.p_ep.url, len(ids) if ids else int(self._work(turn))
+        self.affinity.put(key, Placement(prefill, d_ep.url, tokens, time.time()))
 
     def _work(self, turn: Turn) -> float:
         """A prefill's expected work in tokens (estimated from the text before tokenizing)."""

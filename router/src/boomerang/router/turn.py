@@ -43,6 +43,7 @@ from typing import Any, Final
 
 from boomerang.router import conversation as conv
 from boomerang.router import logs
+from boomerang.router.affinity import Placement
 from boomerang.router.claims import Claim
 from boomerang.router.costmodel import Path
 from boomerang.router.endpoints import Endpoint, Role
@@ -122,6 +123,8 @@ class Turn:
     """The path the cost model chose (adaptive mode), before any fallback; None: not asked."""
     continued: bool = False
     """The decoder holding the history answered the turn itself (the continue path)."""
+    placement: Placement | None = None
+    """Where the conversation's previous turn ran (`affinity.py`); None: not known."""
     claim: Claim | None = None
     """D's answer to the claim of the taken handle's lease (`claims.py`); None: not asked."""
 

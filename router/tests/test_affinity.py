@@ -1,0 +1,61 @@
+"""Conversation affinity (`affinity.py`): a turn goes to the engines that served the previous
+one, whose prefix caches hold its history, unless the load says otherwise; in every mode,
+with or without D->P reuse, for conversations found by id or by fingerprint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from router_testing import chat, post
+
+from boomerang.router.affinity import Affinity, Placement, cached_tokens
+from boomerang.router.endpoints import Endpoint, LeastWorkAffinity
+
+
+def test_placements_expire_and_the_least_recently_used_go_first() -> None:
+    a = Affinity(capacity=2, ttl_s=10.0)
+    for i, key in enumerate((b"a", b"b", b"c")):
+        a.put(key, Placement(f"p{i}", f"d{i}", 100 * i, at=float(i)))
+    assert a.get(b"a", 3.0) is None and len(a) == 2  # evicted: capacity 2
+    assert a.get(b"c", 11.0) is not None and a.get(b"c", 13.0) is None  # expired
+    assert a.get(None, 0.0) is None
+
+
+def test_the_cached_prompt_is_cut_to_whole_blocks() -> None:
+    placement = Placement("p0", "d0", 300, 0.0)
+    assert cached_tokens(placement, 128) == {"p0": 256}
+    assert cached_tokens(placement, None) == {"p0": 300}
+    assert cached_tokens(None, 128) == {}
+
+
+@pytest.mark.parametrize(
+    ("work", "expected"),
+    [((0.0, 0.0), "p0"), ((2000.0, 0.0), "p0"), ((4000.0, 0.0), "p1")],
+)
+def test_p_is_chosen_by_the_work_left_counting_its_cache(work, expected) -> None:
+    eps = [Endpoint("p0", "prefill", work=work[0]), Endpoint("p1", "prefill", work=work[1])]
+    chosen = LeastWorkAffinity().prefill(eps, {"p0": 3000}, prompt_tokens=3100.0)
+    assert chosen.url == expected  # p0 holds 3000 of 3100 tokens: worth up to ~3000 of queue
+
+
+async def conversation_turns(w: Any, turns: int, **extra: Any) -> None:
+    messages = [{"role": "user", "content": "hello there " * 20}]
+    for _ in range(turns):
+        status, body = await post(w, chat(messages, **extra))
+        assert status == 200, body
+        messages = [*messages, body["choices"][0]["message"], {"role": "user", "content": "go"}]
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+async def test_a_conversation_stays_on_its_engines(world: Any, bidirectional: bool) -> None:
+    w = await world(n_prefill=2, n_decode=2, bidirectional=bidirectional)
+    await conversation_turns(w, 4)  # no conversation id: found by fingerprint
+    counts = [len(e.calls) for e in w.prefill], [len(e.calls) for e in w.decode]
+    assert sorted(counts[0]) == [0, 4] and sorted(counts[1]) == [0, 4]
+
+
+async def test_without_affinity_plain_turns_spread(world: Any) -> None:
+    w = await world(n_prefill=2, n_decode=2, bidirectional=False, affinity=False)
+    await conversation_turns(w, 4)
+    assert [len(e.calls) for e in w.prefill] == [2, 2]
