@@ -76,6 +76,10 @@ async def world() -> AsyncIterator[WorldFactory]:
             "prefill": {"urls": urls["prefill"]},
             "decode": {"urls": urls["decode"]},
             "health": {"probe_interval_s": 0.2},
+            # The fake conversations are a few tokens long: under the engine's default
+            # threshold (64) a real P recomputes them, and the router offers P only what it
+            # would pull. Tests of the threshold set their own.
+            "recompute_threshold": 0,
             **config,
         }
         router = TestServer(

@@ -103,7 +103,7 @@ def test_break_even_min_raises_the_pull_threshold() -> None:
     b = Bounds(floor_tokens=FLOOR, break_even_min_tokens=500)
     free = coeffs(p_pull_fixed_s=0.0)
     assert decide(free, shape(499), b).path is Path.RECOMPUTE
-    assert "no pull: reusable 499 < 500" in decide(free, shape(499), b).reason
+    assert "no pull: 499 beyond P's cache < 500" in decide(free, shape(499), b).reason
     assert decide(free, shape(500), b).path is Path.PULL
 
 

@@ -220,13 +220,13 @@ async def test_prefill_failure_is_retried_on_another_prefill_without_the_handle(
     w = await world(n_prefill=2)
     history = [{"role": "user", "content": "hello"}]
     _, first = await post(w, chat(history, conversation_id="c"))
-    assert len(w.prefill[0].calls) == 1  # affinity: the next turn goes to prefill 0 again
-    w.prefill[0].fail_status = 500
+    assert len(w.prefill[0].calls) == 1  # ties rotate: the next turn goes to prefill 1 first
+    w.prefill[1].fail_status = 500  # (the history is shorter than a block: nothing cached)
     nxt = [*history, first["choices"][0]["message"], {"role": "user", "content": "q"}]
     status, _ = await post(w, chat(nxt, conversation_id="c"))
     assert status == 200
-    assert w.prefill[0].calls[-1]["kv_transfer_params"]["remote_block_ids"]  # got the handle
-    assert w.prefill[1].calls[-1]["kv_transfer_params"]["remote_block_ids"] is None  # recompute
+    assert w.prefill[1].calls[-1]["kv_transfer_params"]["remote_block_ids"]  # got the handle
+    assert w.prefill[0].calls[-1]["kv_transfer_params"]["remote_block_ids"] is None  # recompute
     assert await w.reuse("fallback") == 1
     assert w.fabric.violations == []
 

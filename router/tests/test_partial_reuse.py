@@ -66,7 +66,7 @@ async def test_thinking_model_reuses_the_blocks_before_the_dropped_reasoning(
     """The template drops the previous turn's reasoning: D's blocks after it are wrong for the
     new prompt, the ones before it are not."""
     caplog.set_level(logging.INFO, logger="boomerang.router")
-    w = await world(decode_spec={"reasoning": True})
+    w = await world(decode_spec={"reasoning": True}, affinity=False)
     history = [{"role": "user", "content": OPENING}]
     reply = await turn(w, history)
     assert reply["reasoning"]
@@ -83,7 +83,7 @@ async def test_thinking_model_reuses_the_blocks_before_the_dropped_reasoning(
 
 
 async def test_an_edited_last_user_message_reuses_the_blocks_before_the_edit(world: Any) -> None:
-    w = await world()
+    w = await world(affinity=False)
     history = [{"role": "user", "content": OPENING}]
     reply = await turn(w, history)
     asked = [*history, reply, {"role": "user", "content": "summarise that in three words"}]
@@ -100,7 +100,7 @@ async def test_an_edited_last_user_message_reuses_the_blocks_before_the_edit(wor
 async def test_a_regenerated_turn_reuses_the_blocks_of_its_own_prompt(world: Any) -> None:
     """The same prompt again: it is a prefix of what D holds; P must still compute at least
     its last token, so the block holding it is not reused."""
-    w = await world()
+    w = await world(affinity=False)
     history = [{"role": "user", "content": OPENING}]
     await turn(w, history)
     await filed(w, 1)
@@ -111,7 +111,7 @@ async def test_a_regenerated_turn_reuses_the_blocks_of_its_own_prompt(world: Any
 
 
 async def test_a_divergence_below_the_threshold_is_rejected(world: Any) -> None:
-    w = await world(decode_spec={"reasoning": True}, recompute_threshold=1000)
+    w = await world(decode_spec={"reasoning": True}, recompute_threshold=1000, affinity=False)
     history = [{"role": "user", "content": OPENING}]
     reply = await turn(w, history)
     await filed(w, 1)
@@ -124,7 +124,7 @@ async def test_a_divergence_below_the_threshold_is_rejected(world: Any) -> None:
 
 
 async def test_partial_reuse_off_is_all_or_nothing(world: Any) -> None:
-    w = await world(decode_spec={"reasoning": True}, partial_reuse=False)
+    w = await world(decode_spec={"reasoning": True}, partial_reuse=False, affinity=False)
     history = [{"role": "user", "content": OPENING}]
     reply = await turn(w, history)
     await filed(w, 1)
@@ -135,7 +135,7 @@ async def test_partial_reuse_off_is_all_or_nothing(world: Any) -> None:
 
 
 async def test_the_block_size_is_the_decoders_own(world: Any) -> None:
-    w = await world(decode_spec={"reasoning": True, "block_size": 32})
+    w = await world(decode_spec={"reasoning": True, "block_size": 32}, affinity=False)
     d_url = next(iter(w.client.server.app[ROUTER].decode.endpoints))
     assert w.client.server.app[ROUTER].decode.endpoints[d_url].block_size == 32
     history = [{"role": "user", "content": OPENING}]
@@ -151,7 +151,7 @@ async def test_the_block_size_is_the_decoders_own(world: Any) -> None:
 async def test_a_decoder_that_does_not_report_its_block_size_gets_full_hits_only(
     world: Any,
 ) -> None:
-    w = await world(decode_spec={"reasoning": True, "block_size_metric": False})
+    w = await world(decode_spec={"reasoning": True, "block_size_metric": False}, affinity=False)
     history = [{"role": "user", "content": OPENING}]
     reply = await turn(w, history)
     await filed(w, 1)
@@ -163,14 +163,14 @@ async def test_a_decoder_that_does_not_report_its_block_size_gets_full_hits_only
 
 
 async def test_a_partial_handle_p_may_have_seen_is_spent_like_a_hit(world: Any) -> None:
-    w = await world(n_prefill=2, decode_spec={"reasoning": True})
+    w = await world(n_prefill=2, decode_spec={"reasoning": True}, affinity=False)
     history = [{"role": "user", "content": OPENING}]
     reply = await turn(w, history)
     await filed(w, 1)
-    w.prefill[0].fail_status = 500  # affinity: the next turn goes to prefill 0 (its cache)
+    w.prefill[1].fail_status = 500  # ties rotate: the next turn goes to prefill 1 first
     await turn(w, [*history, reply, {"role": "user", "content": "and then?"}])
-    assert w.prefill[0].calls[-1]["kv_transfer_params"]["remote_block_ids"]  # got it, failed
-    assert w.prefill[1].calls[-1]["kv_transfer_params"]["remote_block_ids"] is None
+    assert w.prefill[1].calls[-1]["kv_transfer_params"]["remote_block_ids"]  # got it, failed
+    assert w.prefill[0].calls[-1]["kv_transfer_params"]["remote_block_ids"] is None
     assert await w.reuse("fallback") == 1
     assert await w.reuse("partial") == 0
     assert await w.metric("boomerang_router_reused_tokens_total", outcome="partial") == 0

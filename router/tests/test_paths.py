@@ -233,7 +233,7 @@ async def test_static_mode_counts_pull_and_recompute(world: Any) -> None:
     assert await paths(w) == {"pull": 1, "recompute": 1, "continue": 0}
     assert all(c["kv_transfer_params"] != CONTINUE_PARAMS for c in w.decode[0].calls)
     assert router.state()["mode"] == "static"
-    assert await w.metric("boomerang_router_break_even_tokens") == 64  # the priors: the floor
+    assert await w.metric("boomerang_router_break_even_tokens") == 0  # the priors: the floor
     text = await (await w.client.get("/metrics")).text()
     assert 'boomerang_router_cost_coefficient{name="p_fixed_s"}' in text
     assert retention.released() == []

@@ -149,7 +149,8 @@ async def test_router_replicas_share_conversations_through_redis(
 
 async def test_a_partial_reuse_works_through_redis(world: Any, redis_url: str) -> None:
     store_cfg = {"kind": "redis", "url": redis_url, "key_prefix": f"p:{time.monotonic_ns()}:"}
-    w = await world(store=store_cfg, decode_spec={"reasoning": True})
+    # No affinity: P's own cache would hold the reusable blocks, and the partial not be pulled.
+    w = await world(store=store_cfg, decode_spec={"reasoning": True}, affinity=False)
     history = [{"role": "user", "content": "a question long enough for a few blocks " * 4}]
     body = {"messages": history, "conversation_id": "c"}
     first = await (await w.client.post("/v1/chat/completions", json=body)).json()

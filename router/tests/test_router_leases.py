@@ -109,16 +109,17 @@ class World:
             self.retention.learner.observe(tenant, gap_s, self.clock)
 
 
-async def test_static_mode_keeps_no_lease_and_releases_nothing() -> None:
+async def test_static_mode_keeps_no_lease_and_releases_only_what_a_turn_let_go() -> None:
     w = World(mode="static")
     await w.file(b"k", handle("r1"))
-    await w.file(b"k", handle("r2"))  # superseded: still D's TTL, as before
-    w.retention.superseded(handle("r3"), "recompute")
-    await w.retention.close()
+    await w.file(b"k", handle("r2"))  # replaced in the store: still D's TTL, as before
     w.retention.taken(b"k", "t", NOW + 5)
     await w.retention.sweep(NOW + 1000)
     assert len(w.retention.ledger) == 0 and w.leases.released == []
     assert (await w.store.take(b"k", NOW))[0] == "found"
+    w.retention.superseded(handle("r3"), "recompute")  # a turn declined it: free it now
+    await w.retention.close()
+    assert w.leases.ids() == ["r3"]
 
 
 async def test_a_filed_handle_is_leased_for_the_learned_gap_within_the_bounds() -> None:

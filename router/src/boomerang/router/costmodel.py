@@ -75,14 +75,24 @@ class Shape:
     pullable: bool = True
     """D still pins the blocks, so P may pull them. False for a handle whose lease was released
     (its blocks are only in D's prefix cache, which P cannot read): pull is not offered."""
+    p_cached_tokens: int = 0
+    """What P probably holds of the prompt already (its prefix cache): P computes only the
+    rest, and a pull brings only the reusable tokens beyond it."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.reusable_tokens <= self.prompt_tokens:
             raise ValueError(f"need 0 <= reusable_tokens <= prompt_tokens, got {self}")
+        if not 0 <= self.p_cached_tokens <= self.prompt_tokens:
+            raise ValueError(f"need 0 <= p_cached_tokens <= prompt_tokens, got {self}")
 
     @property
     def suffix_tokens(self) -> int:
         return self.prompt_tokens - self.reusable_tokens
+
+    @property
+    def pulled_tokens(self) -> int:
+        """What a pull brings: the reusable tokens P's own cache lacks."""
+        return max(0, self.reusable_tokens - self.p_cached_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,11 +145,12 @@ class Coefficients:
 
     def costs(self, shape: Shape) -> dict[Path, float]:
         """Each path's estimated seconds to first token for `shape` (allowed or not)."""
-        suffix, r = shape.suffix_tokens, shape.reusable_tokens
+        suffix, pulled = shape.suffix_tokens, shape.pulled_tokens
+        uncached = shape.prompt_tokens - shape.p_cached_tokens
         d_first = self.d_first_fixed_s + self.d_first_s_per_token * shape.prompt_tokens
-        p_leg = self.p_fixed_s + self.p_compute_s_per_token * suffix
-        pull = p_leg + self.p_pull_fixed_s + self.p_pull_s_per_token * r + d_first
-        recompute = self.p_fixed_s + self.p_compute_s_per_token * shape.prompt_tokens + d_first
+        p_leg = self.p_fixed_s + self.p_compute_s_per_token * min(suffix, uncached)
+        pull = p_leg + self.p_pull_fixed_s + self.p_pull_s_per_token * pulled + d_first
+        recompute = self.p_fixed_s + self.p_compute_s_per_token * uncached + d_first
         return {
             Path.PULL: pull,
             Path.RECOMPUTE: recompute,
@@ -194,7 +205,7 @@ def continue_limit(c: Coefficients, bounds: Bounds) -> int:
 def decide(c: Coefficients, shape: Shape, bounds: Bounds) -> Choice:
     """The cheapest allowed path for `shape` under `c` (see `CostModel.choose`)."""
     estimate = c.costs(shape)
-    r, suffix = shape.reusable_tokens, shape.suffix_tokens
+    r, suffix = shape.pulled_tokens, shape.suffix_tokens
     lo = max(bounds.floor_tokens, bounds.break_even_min_tokens)
     notes: list[str] = []
     allowed = [Path.RECOMPUTE]
@@ -203,7 +214,7 @@ def decide(c: Coefficients, shape: Shape, bounds: Bounds) -> Choice:
     elif r > 0 and r >= lo:
         allowed.append(Path.PULL)
     else:
-        notes.append(f"no pull: reusable {r} < {lo}" if r else "no pull: nothing reusable")
+        notes.append(f"no pull: {r} beyond P's cache < {lo}" if r else "no pull: nothing to pull")
     forced = Path.PULL in allowed and r >= bounds.break_even_max_tokens
     if forced:
         notes.append(f"pull forced: reusable {r} >= {bounds.break_even_max_tokens}")

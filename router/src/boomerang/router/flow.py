@@ -1,22 +1,20 @@
-"""One turn through P and D: claim a verified handle, prefill, decode, file D's new handle.
+"""One turn, in the order that keeps reuse correct: find, verify, plan, run the legs, finish.
 
-Why it exists: it is the I/O around the pure parts, in the order that keeps reuse correct.
-`Router.handle` is that order:
-1. Route: P then D, or one engine of a role alone when the other has none (`degraded.py`).
-2. Take the conversation's handle (atomically: no concurrent turn can get it). What may happen
-   to it from here is the turn's state machine (`turn.py`).
-3. Verify it against the new prompt's token ids (`reuse.decide`): hit, partial or rejected.
-4. Serve: prefill with D's params attached when verified (a handle P may have seen is spent;
-   if P certainly never saw it, connection refused, the retry on another P still carries it),
-   then decode, preferring the D that holds the conversation, and file D's retained params
-   with the hashes of D's tokens under the conversation's key. A D failure before the client
-   got a byte is retried on another D, after a fresh prefill when the failed D may have read
-   P's blocks. When every engine of a role failed, the other role may serve alone.
-5. Finish: a handle no P received goes back to the store; count the outcome and the path,
-   log the turn.
-In `adaptive` mode a verified turn takes its cheapest path first (`adaptive.py`): pull (4),
-recompute (4 without the handle) or continue (the decoder holding the history serves it).
-Retries (every engine call) are `failover.py`; engine calls and their failures `upstream.py`.
+Why it exists: it is the I/O around the pure parts. `Router.handle` is that order:
+1. Route: P and D, or one engine of a role alone when the other has none (`degraded.py`).
+2. Find the conversation: where its last turn ran (`affinity.py`) and its handle, taken from
+   the store atomically (no concurrent turn can get it; what may happen to it from here is the
+   turn's state machine, `turn.py`). Choose P: the work it has left, counting its cache.
+3. Verify the handle against the new prompt's token ids (`reuse.decide`: hit, partial or
+   rejected) while D claims its lease (`claims.py`): only a lease D confirmed may go to P.
+4. Plan (`plan.py`): static pulls what P's own cache lacks when that reaches the engine's
+   threshold, else recomputes; adaptive takes the cheapest leg by the learned cost model
+   (continue on the decoder holding the history included). A handle the plan does not use is
+   declined (D's blocks can go now).
+5. Run the plan's legs (`legs.py`) until one answers; a leg that failed before the client got
+   a byte gives way to the next (`plan.after_failure`).
+6. Finish: a handle no P received goes back to the store; count the outcome and the path, log
+   the turn.
 """
 
 from __future__ import annotations
@@ -24,89 +22,48 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from functools import partial
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
-from boomerang.router import conversation as conv
+from boomerang.connector.config import CONTINUE_CAPABILITY
 from boomerang.router import degraded, protocol
-from boomerang.router.adaptive import AdaptivePaths
-from boomerang.router.affinity import Affinity, Placement, cached_tokens
-from boomerang.router.capabilities import DecodeMode, decode_mode, observe_stream
-from boomerang.router.claims import Claims, may_offer
-from boomerang.router.config import RouterConfig
-from boomerang.router.decode import DecodeResult, call_and_answer
-from boomerang.router.endpoints import (
-    Endpoint,
-    Pool,
-    Role,
-    Strategy,
-    compatible,
-    pairable,
-    partners,
-    prefill_choices,
-)
+from boomerang.router.claims import may_offer
+from boomerang.router.costmodel import Path
+from boomerang.router.endpoints import Endpoint, pairable
 from boomerang.router.errors import ApiError
-from boomerang.router.failover import Failover, Unavailable, unavailable
-from boomerang.router.hooks import NoRetention, RetentionHooks
-from boomerang.router.metrics import Metrics
-from boomerang.router.paths import PathBook
+from boomerang.router.legs import Alone, LegFailed, leg_for
+from boomerang.router.plan import Facts, Plan, adaptive_plan, after_failure, static_plan
 from boomerang.router.reuse import REJECTED, Outcome, decide
+from boomerang.router.serving import Serving
 from boomerang.router.settle import settle
-from boomerang.router.store import ConversationStore
 from boomerang.router.turn import Turn
-from boomerang.router.upstream import EngineClient, UpstreamError, post_json, timeout
+from boomerang.router.upstream import post_json, timeout
 from boomerang.router.validation import ClientRequest
 
 log = logging.getLogger("boomerang.router")
 UNPAIRED = "no prefill and decode engines of one engine revision (a rollout is under way)"
-PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
-T = TypeVar("T")
-Call = Callable[[Endpoint], Awaitable[T]]
-BeforeRetry = Callable[[UpstreamError], Awaitable[None]]
 
 
 @dataclass
-class Router(AdaptivePaths):
-    """Everything a turn needs; one per app."""
-
-    config: RouterConfig
-    prefill: Pool
-    decode: Pool
-    strategy: Strategy
-    store: ConversationStore
-    metrics: Metrics
-    engines: EngineClient
-    retention: RetentionHooks = field(default_factory=NoRetention)
-    claims: Claims | None = None
-    """Claims of D's leases before P may pull them (None: never claim, as in unit tests)."""
-    affinity: Affinity = field(init=False)
-    failover: Failover = field(init=False)
-    paths: PathBook = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.failover = Failover(self.metrics)
-        self.paths = PathBook(self.config, self.metrics)
-        cfg = self.config
-        self.affinity = Affinity(cfg.store.max_conversations, cfg.affinity_ttl_s)
+class Router(Serving):
+    """A turn's order on top of what every leg shares (`serving.py`); one per app."""
 
     async def handle(self, request: web.Request, req: ClientRequest, tenant: str) -> Any:
         """Serve one chat or completion request; returns the response already sent."""
         turn = Turn(req, tenant)
         try:
             route, why = self._route()  # 1. P then D, or one engine alone
-            await self._take(turn)  # 2. take the conversation's handle
+            await self._take(turn)  # 2. the conversation: its placement and handle
             if route != "pd":
-                return await self._alone(request, turn, route, why)
-            await self._verify(turn)  # 3. verify it against the new prompt
-            if self.paths.adaptive and turn.reuse is not None:  # 4. its cheapest path
-                return await self._choose(request, turn)
-            return await self._serve(request, turn)  # 4. prefill with it, decode, file D's
+                return await Alone(self, route, why).run(request, turn)
+            self._choose_prefill(turn)
+            await self._verify(turn)  # 3. the handle against the new prompt; D's claim
+            plan = self._plan(turn)  # 4. the legs to try
+            return await self._run(request, turn, plan)  # 5. until one answers
         finally:
-            await self._finish(turn)  # 5. restore an unused handle, count, log
+            await self._finish(turn)  # 6. restore an unused handle, count, log
 
     # -- 1. route ---------------------------------------------------------------------------
 
@@ -124,12 +81,12 @@ class Router(AdaptivePaths):
             return "prefill", UNPAIRED
         return path, degraded.reason(degraded.other_role(path), d if path == "prefill" else p)
 
-    # -- 2. take, 3. verify ------------------------------------------------------------------
+    # -- 2. find, 3. verify -------------------------------------------------------------------
 
     async def _take(self, turn: Turn) -> None:
-        """Find the conversation (`affinity.py`: where its last turn ran) and take its handle
-        from the store: from here no concurrent turn can get it (a turn no P will serve holds
-        it only to hand it back)."""
+        """Find the conversation (where its last turn ran) and take its handle from the store:
+        from here no concurrent turn can get it (a turn no P will serve holds it only to hand
+        it back)."""
         cfg = self.config
         if not ((cfg.bidirectional or cfg.affinity) and turn.req.single_choice):
             return
@@ -146,7 +103,14 @@ class Router(AdaptivePaths):
             log.warning("Store take failed", extra={"error": repr(exc)})
             return
         self.retention.taken(turn.lookup_key, turn.tenant, now)
-        turn.take(status, handle, handle is not None and self._still_held(handle))
+        turn.take(status, handle, handle is not None and self.still_held(handle))
+
+    def _choose_prefill(self, turn: Turn) -> None:
+        """The P the turn will use (tokenize and prefill go to it first), chosen before the
+        plan so that the plan knows what P's own cache probably holds."""
+        candidates = self.prefill.candidates()
+        if candidates:
+            self.pick_prefill(turn, candidates)
 
     async def _verify(self, turn: Turn) -> None:
         """Decide on the new prompt's token ids what of a taken handle P may reuse; D confirms
@@ -165,7 +129,7 @@ class Router(AdaptivePaths):
         handle = turn.handle
         turn.verify(reuse)
         if turn.handle is None:  # rejected: nothing D holds is of use to the conversation
-            self._release(handle, "superseded")
+            self.release(handle, "superseded")
 
     async def _prompt_ids(self, turn: Turn) -> list[int] | None:
         ids = protocol.known_prompt_ids(turn.req)
@@ -179,14 +143,6 @@ class Router(AdaptivePaths):
         turn.claim = await self.claims.claim(self.decode.get(turn.handle.decode_url), turn.handle)
         if not may_offer(turn.claim):
             turn.lease_gone()
-
-    def _still_held(self, handle: conv.Handle) -> bool:
-        """Whether the decoder named by `handle` may still hold its blocks: not when the pod
-        is gone, down, or went down after D retained them (a restart loses them, and vLLM
-        0.32's P hangs reading a restarted D)."""
-        holder = self.decode.get(handle.decode_url)
-        made_at = handle.expires_at - self.config.effective_handle_ttl_s
-        return holder is not None and not holder.ejected and holder.lost_at < made_at
 
     async def _tokenize(self, turn: Turn) -> list[int] | None:
         """The new prompt's ids from a prefill engine; None when no P could say."""
@@ -205,250 +161,65 @@ class Router(AdaptivePaths):
             return tokens if isinstance(tokens, list) else None
 
         try:
-            return await self._on_prefill(turn, call, first=turn.p_ep)
+            return await self.on_prefill(turn, call, first=turn.p_ep)
         except ApiError:  # refused, or no P left: verify nothing, compute the whole prompt
             return None
 
-    # -- 4. serve: prefill, decode, file D's handle -----------------------------------------
+    # -- 4. plan, 5. run ----------------------------------------------------------------------
 
-    async def _serve(self, request: web.Request, turn: Turn) -> web.StreamResponse:
-        """P then D; once every engine of a role failed for the turn, the other role alone
-        serves it, if it may (`degraded.after_failure`)."""
-        try:
-            p_params = await self._prefill(turn, turn.p_ep)
-            return await self._decode(request, turn, p_params)
-        except Unavailable as exc:
-            other = self.decode if exc.role == "prefill" else self.prefill
-            fallback = self.config.single_engine_fallback
-            alone = degraded.after_failure(exc.role, degraded.supply(other), fallback=fallback)
-            if alone is None:
-                raise
-            return await self._alone(request, turn, alone, exc.message)
-
-    async def _prefill(self, turn: Turn, first: Endpoint | None) -> dict[str, Any]:
-        """P's params for D, from `first` or another prefill engine."""
-        return await self._on_prefill(turn, partial(self._prefill_once, turn), first=first)
-
-    async def _prefill_once(self, turn: Turn, p_ep: Endpoint) -> dict[str, Any]:
-        holder = self.decode.get(turn.holder)
-        if holder is not None and not compatible(p_ep, holder):
-            turn.detach()  # P cannot pull from a decoder of another engine revision
-        attached = turn.attach()
-        body = protocol.prefill_request(turn.req.body, attached)
-        t = self.config.timeouts
-        start = time.perf_counter()
-        try:
-            with self.prefill.track(p_ep, self._work(turn)):
-                data = await post_json(
-                    self.engines,
-                    p_ep.url + PATHS[turn.req.kind],
-                    body,
-                    timeout(t.prefill_s, t.connect_s),
-                    turn.engine_request_id("p"),
-                )
-        except UpstreamError as exc:
-            if attached is not None and exc.delivered:
-                turn.spend(accepted=False)
-            elif attached is not None:
-                turn.unsent()  # the connection was refused: the next P may get the handle
-            raise
-        seconds = time.perf_counter() - start
-        self.metrics.prefill_latency.observe(seconds)
-        self.prefill.succeeded(p_ep)
-        params: dict[str, Any] | None = protocol.kv_params_of(data)
-        if attached is not None:
-            turn.spend(accepted=params is not None)
-            self._check_prompt_ids(turn, data, p_ep)
-        pulled = turn.reused_tokens if attached is not None else 0
-        self.paths.observe_prefill(turn.prompt_ids, data, pulled, seconds)
-        if params is None:
-            raise UpstreamError("protocol", "prefill answered without kv_transfer_params")
-        return params
-
-    def _check_prompt_ids(self, turn: Turn, data: dict[str, Any], p_ep: Endpoint) -> None:
-        """The safety net: P's own prompt ids should be the ones the handle was verified on."""
-        p_ids = protocol.prompt_ids_of(data)
-        if p_ids is not None and turn.prompt_ids is not None and p_ids != turn.prompt_ids:
-            self.metrics.prompt_mismatch.inc()
-            log.error("Prompt ids differ from tokenize", extra={"engine": p_ep.url})
-
-    async def _decode(
-        self, request: web.Request, turn: Turn, p_params: dict[str, Any]
-    ) -> web.StreamResponse:
-        async def before_retry(failure: UpstreamError) -> None:
-            nonlocal p_params
-            if failure.delivered:  # D may have read (and so freed) P's blocks: prefill again
-                p_params = await self._prefill(turn, None)
-
-        async def call(d_ep: Endpoint) -> web.StreamResponse:
-            return await self._decode_once(request, turn, p_params, d_ep)
-
-        return await self._on_decode(turn, call, before_retry)
-
-    async def _decode_once(
-        self, request: web.Request, turn: Turn, p_params: dict[str, Any], d_ep: Endpoint
-    ) -> web.StreamResponse:
-        mode = decode_mode(turn.req.stream, d_ep, self.config, time.time())
-        body = protocol.decode_request(turn.req.body, p_params, stream=mode == "stream")
-        start = time.perf_counter()
-        with self.decode.track(d_ep, 1.0):
-            result = await self._answer(request, turn, d_ep, body, mode)
-        self.metrics.decode_latency.observe(time.perf_counter() - start)
-        self.decode.succeeded(d_ep)
-        prompt_ids = turn.prompt_ids or result.prompt_ids
-        if mode == "stream" and turn.first_at and prompt_ids is not None:
-            self.paths.observe_decode_first(len(prompt_ids), turn.first_at - start)
-        if mode == "stream" and result.finished:
-            observe_stream(d_ep, result.params is not None, time.time())
-        if result.finished:
-            self._place(turn, result, d_ep)
-            await settle(self._file(turn, result, d_ep))
-        assert result.response is not None
-        return result.response
-
-    async def _answer(
-        self,
-        request: web.Request,
-        turn: Turn,
-        ep: Endpoint,
-        body: dict[str, Any],
-        mode: DecodeMode,
-        stage: str = "d",
-    ) -> DecodeResult:
-        """Call `ep` (D; one engine alone: stage `s`; the holder continuing: `c`) and answer
-        the client."""
-        rid = turn.engine_request_id("s" if turn.alone else stage)
-        call = (ep.url + PATHS[turn.req.kind], body, rid)
-        t = self.config.timeouts
-        return await call_and_answer(
-            request, self.engines, call, turn.req, mode, t, lambda: self._on_first(turn)
+    def _plan(self, turn: Turn) -> Plan | None:
+        """The legs for a verified turn (None: nothing verified, the turn is plain P/D)."""
+        if turn.reuse is None or turn.handle is None or turn.prompt_ids is None:
+            return None
+        p_cached = self.cached(turn).get(turn.p_ep.url, 0) if turn.p_ep is not None else 0
+        facts = Facts(
+            prompt_tokens=len(turn.prompt_ids),
+            reusable_tokens=min(turn.reuse.tokens, len(turn.prompt_ids)),
+            pullable=not turn.handle.released,
+            holder_continues=self._continue_holder(turn) is not None,
+            p_cached_tokens=min(p_cached, len(turn.prompt_ids)),
         )
-
-    def _on_first(self, turn: Turn) -> None:
-        if not turn.first_sent:
-            turn.first_sent = True
-            turn.first_at = time.perf_counter()
-            self.metrics.ttft.labels(turn.outcome).observe(time.perf_counter() - turn.started)
-
-    async def _file(self, turn: Turn, result: DecodeResult, d_ep: Endpoint) -> bool:
-        """Store D's retained params for the next turn, keyed by the conversation; whether
-        a handle was filed."""
-        if not (self.config.bidirectional and turn.req.single_choice):
-            return False
-        if not protocol.retained_by_decoder(result.params):
-            self.metrics.handles_skipped.labels("no_params").inc()
-            return False
-        key = turn.file_key(self.config.fingerprint_conversations, result.reply)
-        held = result.held_ids
-        if key is None or held is None or result.params is None:
-            self.metrics.handles_skipped.labels("no_key" if key is None else "no_ids").inc()
-            return False
-        size, why = conv.usable_block_size(result.params, d_ep.block_size)
-        if why is not None:
-            self.metrics.handles_without_blocks.labels(why).inc()
-        expires = time.time() + self.config.effective_handle_ttl_s
-        handle = conv.build_handle(result.params, held, d_ep.url, expires, size)
-        if handle is None:
-            self.metrics.handles_skipped.labels("short_ids").inc()
-            return False
-        try:
-            replaced = await self.store.put(key, handle)
-        except Exception as exc:
-            self.metrics.store_errors.labels("put").inc()
-            log.warning("Store put failed", extra={"error": repr(exc)})
-            return False
-        self.metrics.handles_stored.inc()
-        self.retention.filed(key, handle, turn.tenant, time.time(), replaced=replaced)
-        return True
-
-    # -- one engine alone (the other role has none) -----------------------------------------
-
-    async def _alone(
-        self, request: web.Request, turn: Turn, role: Role, why: str
-    ) -> web.StreamResponse:
-        """Serve the turn on one engine of `role` as a plain request: no handle attached, none
-        filed (the engine retains nothing), retried on the role's other engines like D is."""
-        gone = degraded.other_role(role)
-        self.metrics.degraded_turns.labels(gone).inc()
-        log.warning(
-            "Serving turn on one engine", extra={"role": role, "missing": gone, "reason": why}
-        )
-        turn.alone = role
-        turn.detach()
-        body = protocol.plain_request(turn.req.body)
-        mode: DecodeMode = "stream" if turn.req.stream else "json"
-        pool = self.prefill if role == "prefill" else self.decode
-
-        async def call(ep: Endpoint) -> web.StreamResponse:
-            with pool.track(ep, self._work(turn) if role == "prefill" else 1.0):
-                result = await self._answer(request, turn, ep, body, mode)
-            pool.succeeded(ep)
-            assert result.response is not None
-            return result.response
-
-        if role == "prefill":
-            return await self._on_prefill(turn, call)
-        return await self._on_decode(turn, call)
-
-    # -- engines of a role, and the end of a turn -------------------------------------------
-
-    async def _on_prefill(self, turn: Turn, call: Call[T], first: Endpoint | None = None) -> T:
-        """`call` on the turn's prefill engine, failing over to the others (`failover.py`)."""
-
-        def pick(candidates: Sequence[Endpoint]) -> Endpoint:
-            if not turn.alone:  # a P/D turn: P must have a decoder of its engine revision
-                holder = self.decode.get(turn.holder)
-                candidates = prefill_choices(candidates, self.decode.candidates(), holder)
-            cached = cached_tokens(turn.placement, None)
-            turn.p_ep = self.strategy.prefill(candidates, cached, self._work(turn))
-            return turn.p_ep
-
-        retries = self.config.prefill_retries
-        return await self.failover.run(self.prefill, pick, call, retries=retries, first=first)
-
-    async def _on_decode(
-        self, turn: Turn, call: Call[T], before_retry: BeforeRetry | None = None
-    ) -> T:
-        """`call` on a decode engine, the conversation's holder first unless it is too busy
-        (its prefix cache has the history), failing over to the others."""
-
-        def pick(candidates: Sequence[Endpoint]) -> Endpoint:
-            if not turn.alone and turn.p_ep is not None:
-                candidates = partners(turn.p_ep, candidates)
-                if not candidates:  # none of P's revision left: the flow may serve P alone
-                    raise unavailable("decode", None)
-            d_ep = self.strategy.decode(candidates, turn.holder or self._placed_decode(turn))
-            turn.decode_url = d_ep.url
-            return d_ep
-
-        retries = self.config.decode_retries
-        return await self.failover.run(
-            self.decode, pick, call, retries=retries, before_retry=before_retry
-        )
-
-    def _placed_decode(self, turn: Turn) -> str | None:
-        return turn.placement.decode if turn.placement is not None else None
-
-    def _place(self, turn: Turn, result: DecodeResult, d_ep: Endpoint) -> None:
-        """Remember where this turn ran, under the key its next turn will look up."""
-        if not self.config.affinity or not turn.req.single_choice:
-            return
-        key = turn.file_key(self.config.fingerprint_conversations, result.reply)
-        if key is None:
-            return
-        if turn.continued or turn.p_ep is None or turn.alone:  # P computed nothing new
-            old = turn.placement
-            prefill, tokens = (old.prefill, old.prompt_tokens) if old else (None, 0)
+        if self.paths.adaptive:
+            plan = adaptive_plan(facts, self.paths.model, self.paths.bounds())
         else:
-            ids = turn.prompt_ids or result.prompt_ids
-            prefill, tokens = turn.p_ep.url, len(ids) if ids else int(self._work(turn))
-        self.affinity.put(key, Placement(prefill, d_ep.url, tokens, time.time()))
+            plan = static_plan(facts, self.config.recompute_threshold)
+        turn.planned(plan.choice)
+        log.debug("Planned turn", extra={"legs": [str(p) for p in plan.legs], "why": plan.reason})
+        if plan.declines:
+            self.release(turn.decline(), "recompute")
+        return plan
 
-    def _work(self, turn: Turn) -> float:
-        """A prefill's expected work in tokens (estimated from the text before tokenizing)."""
-        if turn.prompt_ids is not None:
-            return float(len(turn.prompt_ids))
-        return len(str(turn.req.body.get("messages") or turn.req.body.get("prompt"))) / 4
+    def _continue_holder(self, turn: Turn) -> Endpoint | None:
+        """The decoder holding the history, if it may serve the turn itself: listed, not
+        ejected, running Boomerang's plugin with its `continue` change in force (without it
+        vLLM 0.32 never frees a request D served alone: refused, not silently leaking), and
+        not so much busier than the others that decode would avoid it."""
+        holder = self.decode.get(turn.holder)
+        if holder is None or holder.ejected or CONTINUE_CAPABILITY not in holder.capabilities:
+            return None
+        if self.strategy.decode(self.decode.candidates(), holder.url) is not holder:
+            return None
+        return holder
+
+    async def _run(self, request: web.Request, turn: Turn, plan: Plan | None) -> web.StreamResponse:
+        """The plan's legs in order until one answers (no plan: P then D as it comes)."""
+        legs = plan.legs if plan is not None else (Path.RECOMPUTE,)
+        while True:
+            path, legs = legs[0], legs[1:]
+            if path is Path.RECOMPUTE and turn.handle is not None and turn.reuse is not None:
+                self.release(turn.decline(), "recompute")  # a fallback that computes on P
+            holder = self._continue_holder(turn) if path is Path.CONTINUE else None
+            if path is Path.CONTINUE and holder is None:
+                continue  # the holder went away since the plan: the next leg
+            try:
+                return await leg_for(self, path, holder).run(request, turn)
+            except LegFailed as failed:
+                assert plan is not None
+                legs = after_failure(plan, path, failed.answered)
+                if not legs:
+                    raise ApiError(502, "no engine could serve the request") from None
+
+    # -- 6. finish ----------------------------------------------------------------------------
 
     async def _finish(self, turn: Turn) -> None:
         """Put back a handle no P received, count the turn's outcome and log it."""

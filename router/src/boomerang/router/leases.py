@@ -18,8 +18,9 @@ Rules (correctness over reuse):
 - A released handle goes back to the store marked `released` (`tuning.reuse_released`, on by
   default) until its TTL: D's prefix cache keeps the freed blocks until it needs the room, so
   the flow may still continue a late turn on that decoder; it is never offered to P.
-- Static mode: nothing here acts (no release, no sweeper work) except what a client asks for
-  (ending or renewing a conversation, `end` and `renew`), which works in both modes.
+- Static mode: no lease is kept and the sweeper does nothing; what acts is the release of a
+  handle a turn will never offer (declined by the plan, rejected by the check: `superseded`)
+  and what a client asks for (ending or renewing a conversation, `end` and `renew`).
 """
 
 from __future__ import annotations
@@ -167,9 +168,9 @@ class Retention:
     def superseded(self, handle: Handle, reason: str) -> None:
         """`handle` (taken by a turn) will never be offered: release D's blocks now, in a
         task of its own (the turn does not wait; its handler may be cancelled once the client
-        has its answer, which must not cancel the release: vLLM's TTL would hold the blocks)."""
-        if not self.adaptive:
-            return
+        has its answer, which must not cancel the release: vLLM's TTL would hold the blocks).
+        In both modes: a handle the turn declined or found useless holds D's memory for
+        nothing."""
         rid = _rid_or_none(handle)
         if rid is not None:
             self._spawn(self._release_quietly(handle.decode_url, rid, reason))

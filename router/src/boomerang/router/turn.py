@@ -2,7 +2,7 @@
 
 Why it exists: reuse is exact only if a handle P may have seen is never offered again, and one
 P never saw goes back to the store. Those rules are a small state machine, kept here apart
-from the I/O (`flow.py` takes, tokenizes, calls and restores) so that each transition is
+from the I/O (`flow.py` takes, tokenizes and restores, `legs.py` calls) so that each transition is
 explicit, checked, and tested alone (`test_turn.py`):
 
 | transition | from            | to                                                            |
@@ -24,7 +24,7 @@ it. A handle P may have seen (its read, or its decision not to read, frees D's b
 never offered again; a rejected one is dropped (D's blocks hold nothing this prompt can use).
 A partial reuse attaches the handle like a hit (narrowed params): every rule is the same.
 
-A continued turn (`flow.py`, adaptive mode) goes to the decoder holding the history without
+A continued turn (`legs.Continue`, adaptive mode) goes to the decoder holding the history without
 attaching the handle to anything: D serves the history from its own prefix cache, and the
 handle's blocks stay pinned under the old request. So the handle stays VERIFIED while D works:
 once D answered and its fresh handle is filed, the old one is superseded; if D failed before
@@ -118,11 +118,12 @@ class Turn:
     """`perf_counter` when the client got the first byte (0: not yet)."""
     decode_url: str | None = None
     alone: Role | None = None
-    """The role of the one engine that served the turn alone (the other had none), else None."""
+    """The role of the one engine that served the turn alone (the other had none), else None
+    (`serve_alone`)."""
     chosen: Path | None = None
-    """The path the cost model chose (adaptive mode), before any fallback; None: not asked."""
+    """The plan's first leg, before any fallback; None: nothing verified to plan for."""
     continued: bool = False
-    """The decoder holding the history answered the turn itself (the continue path)."""
+    """The decoder holding the history answered the turn itself (`continued_on_holder`)."""
     placement: Placement | None = None
     """Where the conversation's previous turn ran (`affinity.py`); None: not known."""
     claim: Claim | None = None
@@ -147,6 +148,24 @@ class Turn:
             return
         self._move(Stage.TAKEN)
         self.handle, self.outcome = handle, Outcome.FALLBACK  # until verified
+
+    def planned(self, path: Path) -> None:
+        """The plan's choice (`plan.py`), for the log."""
+        self.chosen = path
+
+    def serve_alone(self, role: Role) -> None:
+        """One engine of `role` serves the turn: no handle is attached (a taken one is
+        restored at the end)."""
+        self.alone = role
+        self.detach()
+
+    def continued_on_holder(self) -> None:
+        """The decoder holding the history answered (before any byte reached the client it was
+        still undecided). A released handle's turn counts `cached`: D served it from its
+        prefix cache, not from pinned blocks."""
+        self.continued = True
+        if self.handle is not None and self.handle.released:
+            self.outcome = Outcome.CACHED
 
     def lease_gone(self) -> None:
         """D did not confirm the taken handle's lease (it yielded to pressure, expired, or D
@@ -242,6 +261,11 @@ class Turn:
     def reused_tokens(self) -> int:
         """Tokens of the prompt P may pull (or pulled) from D; 0 unless hit or partial."""
         return self.reuse.tokens if self.reuse is not None and self.outcome in ATTACHED else 0
+
+    @property
+    def reused_tokens_verified(self) -> int:
+        """The verified reusable tokens (0 when nothing was verified), whatever the path."""
+        return self.reuse.tokens if self.reuse is not None else 0
 
     @property
     def path(self) -> Path:

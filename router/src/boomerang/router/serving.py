@@ -1,0 +1,217 @@
+"""What every leg of a turn shares: the engines of a role in turn, the answer, D's new handle.
+
+Why it exists: a turn reaches its answer by one of a few legs (`legs.py`: P then D with or
+without D's handle, the decoder holding the history alone, one engine alone), and all of them
+call engines the same way: a role's engines tried in turn (`failover.py`), P paired with a D
+of its engine revision, D's answer relayed to the client (`decode.py`), the time to first
+token counted, and after D's answer the conversation's new handle filed and its placement
+remembered (`affinity.py`). Written once here, so a leg is only what makes it different.
+
+`Serving` holds what a router holds for every turn (one per app); `flow.Router` extends it
+with the order of a turn.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from boomerang.router import conversation as conv
+from boomerang.router import protocol
+from boomerang.router.affinity import Affinity, Placement, cached_tokens
+from boomerang.router.capabilities import DecodeMode
+from boomerang.router.claims import Claims
+from boomerang.router.config import RouterConfig
+from boomerang.router.decode import DecodeResult, call_and_answer
+from boomerang.router.endpoints import Endpoint, Pool, Strategy, partners, prefill_choices
+from boomerang.router.failover import Failover, unavailable
+from boomerang.router.hooks import NoRetention, RetentionHooks
+from boomerang.router.metrics import Metrics
+from boomerang.router.paths import PathBook
+from boomerang.router.store import ConversationStore
+from boomerang.router.turn import Turn
+from boomerang.router.upstream import EngineClient, UpstreamError
+
+log = logging.getLogger("boomerang.router")
+PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+T = TypeVar("T")
+Call = Callable[[Endpoint], Awaitable[T]]
+BeforeRetry = Callable[[UpstreamError], Awaitable[None]]
+
+
+@dataclass
+class Serving:
+    """Everything a turn needs; one per app."""
+
+    config: RouterConfig
+    prefill: Pool
+    decode: Pool
+    strategy: Strategy
+    store: ConversationStore
+    metrics: Metrics
+    engines: EngineClient
+    retention: RetentionHooks = field(default_factory=NoRetention)
+    claims: Claims | None = None
+    """Claims of D's leases before P may pull them (None: never claim, as in unit tests)."""
+    affinity: Affinity = field(init=False)
+    failover: Failover = field(init=False)
+    paths: PathBook = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.failover = Failover(self.metrics)
+        self.paths = PathBook(self.config, self.metrics)
+        self.affinity = Affinity(self.config.store.max_conversations, self.config.affinity_ttl_s)
+
+    def state(self) -> dict[str, Any]:
+        """What is in force (`GET /boomerang/v1/state`): mode, break-even, paths taken, the
+        cost model's coefficients, and retention's part."""
+        return {**self.paths.state(), **self.retention.state()}
+
+    # -- the engines of a role -----------------------------------------------------------------
+
+    def cached(self, turn: Turn) -> Mapping[str, int]:
+        """What each prefill engine probably holds of the turn's prompt (its prefix cache, in
+        whole blocks of the deployment's block size, which its decoders report)."""
+        sizes = [ep.block_size for ep in self.decode.endpoints.values() if ep.block_size]
+        return cached_tokens(turn.placement, sizes[0] if sizes else None)
+
+    def pick_prefill(self, turn: Turn, candidates: Sequence[Endpoint]) -> Endpoint:
+        """The prefill engine for the turn: one with a decoder of its revision (and one that
+        may pull from the holder), by the work it has left counting its cache."""
+        if not turn.alone:
+            holder = self.decode.get(turn.holder)
+            candidates = prefill_choices(candidates, self.decode.candidates(), holder)
+        turn.p_ep = self.strategy.prefill(candidates, self.cached(turn), self.work(turn))
+        return turn.p_ep
+
+    async def on_prefill(self, turn: Turn, call: Call[T], first: Endpoint | None = None) -> T:
+        """`call` on the turn's prefill engine, failing over to the others (`failover.py`)."""
+        retries = self.config.prefill_retries
+        pick = lambda candidates: self.pick_prefill(turn, candidates)  # noqa: E731
+        return await self.failover.run(self.prefill, pick, call, retries=retries, first=first)
+
+    async def on_decode(
+        self, turn: Turn, call: Call[T], before_retry: BeforeRetry | None = None
+    ) -> T:
+        """`call` on a decode engine, the conversation's holder first unless it is too busy
+        (its prefix cache has the history), failing over to the others."""
+
+        def pick(candidates: Sequence[Endpoint]) -> Endpoint:
+            if not turn.alone and turn.p_ep is not None:
+                candidates = partners(turn.p_ep, candidates)
+                if not candidates:  # none of P's revision left: the flow may serve P alone
+                    raise unavailable("decode", None)
+            d_ep = self.strategy.decode(candidates, turn.holder or self._placed_decode(turn))
+            turn.decode_url = d_ep.url
+            return d_ep
+
+        retries = self.config.decode_retries
+        return await self.failover.run(
+            self.decode, pick, call, retries=retries, before_retry=before_retry
+        )
+
+    def _placed_decode(self, turn: Turn) -> str | None:
+        return turn.placement.decode if turn.placement is not None else None
+
+    def work(self, turn: Turn) -> float:
+        """A prefill's expected work in tokens (estimated from the text before tokenizing)."""
+        if turn.prompt_ids is not None:
+            return float(len(turn.prompt_ids))
+        return len(str(turn.req.body.get("messages") or turn.req.body.get("prompt"))) / 4
+
+    def still_held(self, handle: conv.Handle) -> bool:
+        """Whether the decoder named by `handle` may still hold its blocks: not when the pod
+        is gone, down, or went down after D retained them (a restart loses them, and vLLM
+        0.32's P hangs reading a restarted D)."""
+        holder = self.decode.get(handle.decode_url)
+        made_at = handle.expires_at - self.config.effective_handle_ttl_s
+        return holder is not None and not holder.ejected and holder.lost_at < made_at
+
+    # -- the answer ------------------------------------------------------------------------------
+
+    async def answer(
+        self,
+        request: web.Request,
+        turn: Turn,
+        ep: Endpoint,
+        body: dict[str, Any],
+        mode: DecodeMode,
+        stage: str = "d",
+    ) -> DecodeResult:
+        """Call `ep` (D; one engine alone: stage `s`; the holder continuing: `c`) and answer
+        the client."""
+        rid = turn.engine_request_id("s" if turn.alone else stage)
+        call = (ep.url + PATHS[turn.req.kind], body, rid)
+        t = self.config.timeouts
+        return await call_and_answer(
+            request, self.engines, call, turn.req, mode, t, lambda: self._on_first(turn)
+        )
+
+    def _on_first(self, turn: Turn) -> None:
+        if not turn.first_sent:
+            turn.first_sent = True
+            turn.first_at = time.perf_counter()
+            self.metrics.ttft.labels(turn.outcome).observe(time.perf_counter() - turn.started)
+
+    # -- after D answered: the next turn's handle and placement ---------------------------------
+
+    async def file(self, turn: Turn, result: DecodeResult, d_ep: Endpoint) -> bool:
+        """Store D's retained params for the next turn, keyed by the conversation; whether
+        a handle was filed."""
+        if not (self.config.bidirectional and turn.req.single_choice):
+            return False
+        if not protocol.retained_by_decoder(result.params):
+            self.metrics.handles_skipped.labels("no_params").inc()
+            return False
+        key = turn.file_key(self.config.fingerprint_conversations, result.reply)
+        held = result.held_ids
+        if key is None or held is None or result.params is None:
+            self.metrics.handles_skipped.labels("no_key" if key is None else "no_ids").inc()
+            return False
+        size, why = conv.usable_block_size(result.params, d_ep.block_size)
+        if why is not None:
+            self.metrics.handles_without_blocks.labels(why).inc()
+        expires = time.time() + self.config.effective_handle_ttl_s
+        handle = conv.build_handle(result.params, held, d_ep.url, expires, size)
+        if handle is None:
+            self.metrics.handles_skipped.labels("short_ids").inc()
+            return False
+        try:
+            replaced = await self.store.put(key, handle)
+        except Exception as exc:
+            self.metrics.store_errors.labels("put").inc()
+            log.warning("Store put failed", extra={"error": repr(exc)})
+            return False
+        self.metrics.handles_stored.inc()
+        self.retention.filed(key, handle, turn.tenant, time.time(), replaced=replaced)
+        return True
+
+    def place(self, turn: Turn, result: DecodeResult, d_ep: Endpoint) -> None:
+        """Remember where this turn ran, under the key its next turn will look up."""
+        if not self.config.affinity or not turn.req.single_choice:
+            return
+        key = turn.file_key(self.config.fingerprint_conversations, result.reply)
+        if key is None:
+            return
+        if turn.continued or turn.p_ep is None or turn.alone:  # P computed nothing new
+            old = turn.placement
+            prefill, tokens = (old.prefill, old.prompt_tokens) if old else (None, 0)
+        else:
+            ids = turn.prompt_ids or result.prompt_ids
+            prefill, tokens = turn.p_ep.url, len(ids) if ids else int(self.work(turn))
+        self.affinity.put(key, Placement(prefill, d_ep.url, tokens, time.time()))
+
+    def release(self, handle: conv.Handle | None, reason: str) -> None:
+        """Tell retention a handle will never be offered again (it may free D's blocks; the
+        turn does not wait for that)."""
+        if handle is None:
+            return
+        try:
+            self.retention.superseded(handle, reason)
+        except Exception as exc:  # retention's own failures never fail a turn
+            log.warning("Retention failed", extra={"error": repr(exc), "reason": reason})
