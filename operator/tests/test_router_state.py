@@ -14,7 +14,8 @@ from aiohttp.test_utils import TestServer
 from test_operator_tuning import STATE
 from test_reconcile import NOW, MemoryKube, body
 
-from boomerang.operator import handlers, render, routerstate
+from boomerang.connector import router_state
+from boomerang.operator import handlers, routerstate
 from boomerang.operator.reconcile import StatusGate, reconcile
 
 Server = Any  # pytest-aiohttp's aiohttp_server factory
@@ -28,12 +29,12 @@ def _app(answer: Any = None, status: int = 200, text: str | None = None) -> web.
         return web.json_response(STATE if answer is None else answer, status=status)
 
     app = web.Application()
-    app.router.add_get(render.ROUTER_STATE_PATH, state)
+    app.router.add_get(router_state.PATH, state)
     return app
 
 
 def _url(server: TestServer) -> str:
-    return str(server.make_url(render.ROUTER_STATE_PATH))
+    return str(server.make_url(router_state.PATH))
 
 
 async def test_the_state_is_read_over_http(aiohttp_server: Server) -> None:
@@ -65,14 +66,14 @@ async def test_a_router_that_does_not_answer_in_time_is_unavailable(
         return web.json_response(STATE)
 
     app = web.Application()
-    app.router.add_get(render.ROUTER_STATE_PATH, slow)
+    app.router.add_get(router_state.PATH, slow)
     server = await aiohttp_server(app)
     with pytest.raises(routerstate.StateUnavailable, match="Timeout"):
         await routerstate.fetch_state(_url(server), timeout_s=0.2)
 
 
 async def test_nothing_listening_is_unavailable(unused_tcp_port: int) -> None:
-    url = f"http://127.0.0.1:{unused_tcp_port}{render.ROUTER_STATE_PATH}"
+    url = f"http://127.0.0.1:{unused_tcp_port}{router_state.PATH}"
     with pytest.raises(routerstate.StateUnavailable):
         await routerstate.fetch_state(url)
 

@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from boomerang.connector import config as connector
+from boomerang.connector import router_state
 from boomerang.connector.config import EngineSettings, KVTransferSettings, Role
 from boomerang.operator.api import DisaggregatedDeployment, EnvVar, RoleSpec, parse_duration
 
@@ -24,7 +25,6 @@ ROUTER_CONFIG_DIR = "/etc/boomerang"
 API_KEYS_DIR = "/etc/boomerang/api-keys"
 MODELS_DIR = "/models"
 
-ROUTER_STATE_PATH = "/boomerang/v1/state"
 LEASE_TOKEN_ENV = connector.LEASE_TOKEN_ENV
 """Where engines (their lease API) and the router read the lease token."""
 LEASE_TOKEN_KEY = "token"
@@ -214,7 +214,7 @@ def router_url(dd: DisaggregatedDeployment) -> str:
 
 def router_state_url(dd: DisaggregatedDeployment) -> str:
     """What the router has learned (Adaptive tuning), read by the operator for status."""
-    return f"{_router_base(dd)}{ROUTER_STATE_PATH}"
+    return f"{_router_base(dd)}{router_state.PATH}"
 
 
 def lease_token_secret(dd: DisaggregatedDeployment) -> str:

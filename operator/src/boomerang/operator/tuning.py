@@ -16,9 +16,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from boomerang.connector import router_state as state
 from boomerang.operator.api import DisaggregatedDeployment
 
-PATHS = ("pull", "recompute", "continue")
 LEARNED_FIELDS = (
     "breakEvenTokens",
     "retentionSeconds",
@@ -29,9 +29,9 @@ LEARNED_FIELDS = (
 """The status fields (wire names) that come from the router."""
 OBSERVED_AT = "observedAt"
 _COUNTS = {
-    "break_even_tokens": "breakEvenTokens",
-    "retention_s": "retentionSeconds",
-    "retained_blocks": "retainedBlocks",
+    state.BREAK_EVEN_TOKENS: "breakEvenTokens",
+    state.RETENTION_S: "retentionSeconds",
+    state.RETAINED_BLOCKS: "retainedBlocks",
 }
 
 
@@ -55,7 +55,7 @@ def path_shares(paths: Any) -> dict[str, int] | None:
     """Turns per path as whole percents (None before the first turn)."""
     if not isinstance(paths, Mapping):
         return None
-    counts = {path: _count(paths.get(path, 0)) for path in PATHS}
+    counts = {path: _count(paths.get(path, 0)) for path in state.PATHS}
     if any(n is None for n in counts.values()):
         return None
     total = sum(n or 0 for n in counts.values())
@@ -64,21 +64,21 @@ def path_shares(paths: Any) -> dict[str, int] | None:
     return {path: round(100 * (n or 0) / total) for path, n in counts.items()}
 
 
-def learned(state: Any) -> dict[str, Any] | None:
-    """The status fields in the router's state; None when the router does not run adaptive
-    (it has not reloaded its tuning yet) or its answer is not a state object. Values missing
-    or malformed in it are left out."""
-    if not isinstance(state, Mapping) or state.get("mode") != "adaptive":
+def learned(doc: Any) -> dict[str, Any] | None:
+    """The status fields in the router's state document (`router_state`); None when the
+    router does not run adaptive (it has not reloaded its tuning yet) or its answer is not a
+    state object. Values missing or malformed in it are left out."""
+    if not isinstance(doc, Mapping) or doc.get(state.MODE) != "adaptive":
         return None
     found: dict[str, Any] = {}
     for key, name in _COUNTS.items():
-        value = _count(state.get(key))
+        value = _count(doc.get(key))
         if value is not None:
             found[name] = value
-    shares = path_shares(state.get("paths"))
+    shares = path_shares(doc.get(state.PATH_COUNTS))
     if shares is not None:
         found["pathShares"] = shares
-    fraction = _number(state.get("retained_fraction"))
+    fraction = _number(doc.get(state.RETAINED_FRACTION))
     if fraction is not None:
         found["retainedPercent"] = min(100, round(100 * fraction))
     return found

@@ -27,6 +27,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from boomerang.connector import router_state
 from boomerang.router import auth, degraded, logs
 from boomerang.router import conversation as conv
 from boomerang.router.admission import InflightLimit, Overloaded
@@ -79,7 +80,7 @@ def create_app(
     app.router.add_get("/health", _health)
     app.router.add_get("/ready", _ready)
     app.router.add_get("/metrics", _metrics)
-    app.router.add_get(f"{API}/state", _state)
+    app.router.add_get(router_state.PATH, _state)
     app.router.add_delete(f"{API}/conversations/{{conversation_id}}", _end_conversation)
     app.router.add_post(f"{API}/conversations/{{conversation_id}}/renew", _renew_conversation)
     return app

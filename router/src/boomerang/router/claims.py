@@ -22,18 +22,16 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine
-from typing import Any, Literal
+from typing import Any
 
 from boomerang.connector.config import PRESSURE_CAPABILITY
 from boomerang.router.conversation import Handle
 from boomerang.router.endpoints import Endpoint
 from boomerang.router.lease_client import LeaseClient, LeaseFailure
 from boomerang.router.metrics import Metrics
+from boomerang.router.turn import Claim
 
 log = logging.getLogger("boomerang.router")
-Claim = Literal["unneeded", "held", "gone", "failed"]
-"""`unneeded`: D never releases a lease on its own; `held`: D confirmed it; `gone`: D no
-longer holds it; `failed`: no answer (the handle is not offered either)."""
 
 
 def needs_claim(holder: Endpoint | None) -> bool:

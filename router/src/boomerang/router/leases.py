@@ -32,6 +32,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from boomerang.connector import router_state as state
 from boomerang.connector.config import default_handle_ttl
 from boomerang.router import params_codec
 from boomerang.router.config import RouterConfig
@@ -337,11 +338,11 @@ class Retention:
         held_known = sum(self.ledger.held_blocks(url) for url in known)
         total = sum(known.values())
         return {
-            "retention_s": round(self.retention_s(None, now), 3),
-            "retained_blocks": self.ledger.held_blocks(),
-            "retained_fraction": round(held_known / total, 4) if total else None,
-            "retained_block_seconds": round(self.ledger.block_seconds(now), 1),
-            "leases": len(self.ledger),
+            state.RETENTION_S: round(self.retention_s(None, now), 3),
+            state.RETAINED_BLOCKS: self.ledger.held_blocks(),
+            state.RETAINED_FRACTION: round(held_known / total, 4) if total else None,
+            state.RETAINED_BLOCK_SECONDS: round(self.ledger.block_seconds(now), 1),
+            state.LEASES: len(self.ledger),
         }
 
     def _spawn(self, job: Coroutine[Any, Any, None]) -> None:

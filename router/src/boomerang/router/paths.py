@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from boomerang.connector import router_state as state
 from boomerang.router.config import RouterConfig
 from boomerang.router.costmodel import Bounds, Choice, CostModel, Path, Shape
 from boomerang.router.metrics import Metrics
@@ -100,11 +101,11 @@ class PathBook:
         """The path choice's part of `GET /boomerang/v1/state`."""
         bounds = self.bounds()
         return {
-            "mode": self.config.tuning.mode,
-            "break_even_tokens": self.break_even_tokens(),
-            "continue_limit_tokens": self.model.continue_limit_tokens(bounds),
-            "paths": {str(p): n for p, n in self.counts.items()},
-            "coefficients": self.model.coefficients().as_metrics(),
+            state.MODE: self.config.tuning.mode,
+            state.BREAK_EVEN_TOKENS: self.break_even_tokens(),
+            state.CONTINUE_LIMIT_TOKENS: self.model.continue_limit_tokens(bounds),
+            state.PATH_COUNTS: {str(p): n for p, n in self.counts.items()},
+            state.COEFFICIENTS: self.model.coefficients().as_metrics(),
         }
 
 

@@ -39,17 +39,21 @@ import os
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from boomerang.router import conversation as conv
 from boomerang.router import logs
 from boomerang.router.affinity import Placement
-from boomerang.router.claims import Claim
 from boomerang.router.costmodel import Path
 from boomerang.router.endpoints import Endpoint, Role
 from boomerang.router.reuse import ATTACHED, Outcome, Reuse
 from boomerang.router.store import TakeStatus
 from boomerang.router.validation import ClientRequest
+
+Claim = Literal["unneeded", "held", "gone", "failed"]
+"""D's answer to the claim of a taken handle's lease (`claims.py`): `unneeded`, D never
+releases a lease on its own; `held`, D confirmed it; `gone`, D no longer holds it; `failed`, no
+answer. Only the first two may be offered to P."""
 
 
 class Stage(Enum):

@@ -1,0 +1,44 @@
+"""The router's state document, `GET /boomerang/v1/state`: its one description.
+
+Why here: the router writes it and the operator reads it (status shows what an Adaptive router
+learned), and the two must agree on every name; the connector package is the one both may
+import (`make lint` checks the layers). Pure constants and one pure check, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+PATH: Final = "/boomerang/v1/state"
+"""Where a router serves it (no API key: it holds no conversation data)."""
+
+MODE: Final = "mode"
+"""`static` or `adaptive`: the tuning mode in force."""
+MODES: Final = ("static", "adaptive")
+PATH_COUNTS: Final = "paths"
+"""Turns served per path since the router started: a mapping from each of `PATHS`."""
+PATHS: Final = ("pull", "recompute", "continue")
+"""The ways a turn reaches its first token (the router's `costmodel.Path` values)."""
+BREAK_EVEN_TOKENS: Final = "break_even_tokens"
+"""Learned: pulled tokens at which a pull costs what a recompute costs."""
+CONTINUE_LIMIT_TOKENS: Final = "continue_limit_tokens"
+COEFFICIENTS: Final = "coefficients"
+RETENTION_S: Final = "retention_s"
+"""Learned: how long a conversation's handle is kept (a quantile of the gaps between turns)."""
+RETAINED_BLOCKS: Final = "retained_blocks"
+RETAINED_FRACTION: Final = "retained_fraction"
+"""Of the decoders' KV blocks, the share the router's leases hold (None when not known)."""
+RETAINED_BLOCK_SECONDS: Final = "retained_block_seconds"
+LEASES: Final = "leases"
+
+REQUIRED: Final = (MODE, PATH_COUNTS, BREAK_EVEN_TOKENS, RETENTION_S, RETAINED_BLOCKS)
+
+
+def missing(state: Mapping[str, Any]) -> list[str]:
+    """The required keys a state document lacks, and paths its counts lack (empty: valid)."""
+    gone = [k for k in REQUIRED if k not in state]
+    counts = state.get(PATH_COUNTS)
+    if isinstance(counts, Mapping):
+        gone += [f"{PATH_COUNTS}.{p}" for p in PATHS if p not in counts]
+    return gone
