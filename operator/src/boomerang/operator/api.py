@@ -521,7 +521,11 @@ class StoreSpec(_Model):
     """Where the router keeps conversations' KV handles."""
 
     type: Literal["memory", "redis"] = Field(
-        "memory", description="memory (one router replica's own) or redis (shared by replicas)."
+        "memory",
+        description="memory: each router replica keeps the handles it stored, so with more "
+        "than one replica the router's Service gets client-IP affinity (sessionAffinity: "
+        "ClientIP) to send a client back to the replica holding its conversations. redis: "
+        "shared by all replicas, no affinity, any replica serves any turn.",
     )
     url: str | None = Field(None, description="Redis URL, e.g. redis://redis:6379/0.", min_length=1)
     url_secret_ref: SecretKeyRef | None = Field(
@@ -564,12 +568,25 @@ class ContainerResources(_Model):
 class RouterSpec(_Model):
     """The KV-cache-aware router in front of the engines."""
 
-    replicas: int = Field(2, description="Router pods.", ge=1, le=INT32_MAX)
+    replicas: int = Field(
+        2,
+        description="Router pods. Above 1 with the memory store (the default), the router's "
+        "Service gets client-IP affinity: each client address stays on one replica for 3 hours "
+        "(Kubernetes' default), so behind a proxy, NAT or a load balancer that hides client "
+        "addresses all traffic may land on one replica, and a replica's restart costs its "
+        "conversations one recomputed turn. Use store.type redis to spread turns instead.",
+        ge=1,
+        le=INT32_MAX,
+    )
     image: str = Field(DEFAULT_ROUTER_IMAGE, description="Router image.", min_length=1)
     resources: ContainerResources = Field(
         default_factory=lambda: ContainerResources(), description="Router container resources."
     )
-    store: StoreSpec = Field(default_factory=lambda: StoreSpec(), description="Conversation store.")
+    store: StoreSpec = Field(
+        default_factory=lambda: StoreSpec(),
+        description="Conversation store of KV handles: memory (per replica; client-IP affinity "
+        "with several replicas) or redis (shared).",
+    )
     conversation_ttl: Duration | None = Field(
         None,
         alias="conversationTTL",
