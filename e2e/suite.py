@@ -28,6 +28,9 @@ RELEASE_NAMESPACE = "boomerang-system"
 SERVICE_ACCOUNT = "boomerang-operator"
 DD = "disaggregateddeployments.boomerang.dev"
 LABEL_DEPLOYMENT = "boomerang.dev/deployment"
+CEL_ERRORS = ("evaluating rule", "no such key", "no such overload", "internal error")
+"""What the API server writes when a CEL rule fails to evaluate instead of deciding (followed
+by the rule's message, so a test must look for these, not only for the message)."""
 CHILD_KINDS = (
     "statefulsets.apps",
     "deployments.apps",

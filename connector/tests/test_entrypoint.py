@@ -38,10 +38,35 @@ def test_builtin_uri_lives_in_the_cache(tmp_path) -> None:
     assert path == str(tmp_path / "models" / f"tiny-v{model.BUILD_VERSION}") and extra == []
 
 
-@pytest.mark.parametrize("uri", ["hf://justone", "pvc:///x", "ftp://x/y", "builtin://huge"])
-def test_bad_model_uris_are_refused_clearly(uri: str) -> None:
-    with pytest.raises(UsageError):
+@pytest.mark.parametrize(
+    "uri", ["hf://justone", "hf://Qwen/Qwen 3", "pvc:///x", "ftp://x/y", "builtin://huge"]
+)
+def test_bad_model_uris_are_refused_with_the_allowed_shapes(uri: str) -> None:
+    with pytest.raises(UsageError, match=r"is none of hf://org/name, s3://bucket/path"):
         resolve_model(uri, {})
+
+
+def test_the_builtin_models_the_api_admits_are_the_ones_built() -> None:
+    assert sorted(config.BUILTIN_MODELS) == sorted(model.SPECS)
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "hf://Qwen/Qwen3-0.6B",
+        "hf://meta-llama/Llama-3.1-8B-Instruct",
+        "hf://deepseek-ai/DeepSeek_V3.1",
+        "s3://my-bucket/models/qwen3-32b",
+        "s3://Legacy_Bucket",
+        "pvc://models",
+        "pvc://model-cache.team-a/qwen/32b/",
+        "builtin://tiny",
+        "builtin://small",
+    ],
+)
+def test_every_shape_the_api_admits_resolves(uri: str, tmp_path) -> None:
+    assert config.model_source_error(uri) is None
+    resolve_model(uri, {"BOOMERANG_CACHE": str(tmp_path)})
 
 
 def test_command_runs_the_openai_server_module_with_the_resolved_model() -> None:
@@ -57,9 +82,9 @@ def test_equals_form_of_model_is_resolved_too() -> None:
 
 
 def test_s3_adds_load_format_unless_given() -> None:
-    cmd, _ = build_command(["--model", "s3://b/m"], {}, "py")
+    cmd, _ = build_command(["--model", "s3://bucket/m"], {}, "py")
     assert cmd[-2:] == ["--load-format", "runai_streamer"]
-    cmd, _ = build_command(["--model", "s3://b/m", "--load-format", "auto"], {}, "py")
+    cmd, _ = build_command(["--model", "s3://bucket/m", "--load-format", "auto"], {}, "py")
     assert cmd.count("--load-format") == 1 and cmd[-1] == "auto"
 
 

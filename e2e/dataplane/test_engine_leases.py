@@ -69,7 +69,7 @@ def test_a_released_handle_frees_its_blocks_at_once_without_an_expiry(dataplane)
     assert held(dataplane) == before
     assert metric(d, EXPIRED) == expired
     assert metric(d, RELEASED_METRIC) == released_before + 1
-    log = (dataplane.run_dir / "decode.log").read_text()
+    log = dataplane.specs["decode"].log.read_text()
     assert f"Releasing expired KV blocks for request {rid}" not in log
 
     status, body = lease_api(d, dataplane.lease_token, "release", {"request_ids": [rid]})

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from boomerang.operator.api import DisaggregatedDeployment
+from boomerang.operator.api import NAME_RULES, RULES, DisaggregatedDeployment, Rule
 from boomerang.operator.merge import deep_merge
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,3 +51,18 @@ def invalid_manifest(case: dict[str, Any]) -> dict[str, Any]:
     data["spec"] = merge_patch(data["spec"], case.get("patch", {}))
     data["metadata"] = merge_patch(data["metadata"], case.get("metadata", {}))
     return data
+
+
+def rule_for(case: dict[str, Any]) -> Rule[Any] | None:
+    """The CEL rule an invalid case breaks (its field and a part of its message), or None for a
+    case the OpenAPI schema refuses. Raises when the case's message fits several rules."""
+    if "message" not in case:
+        return None
+    path = "." + case["field"].removeprefix("spec.")
+    found = [
+        rule
+        for rule in (*RULES, *NAME_RULES)
+        if rule.field_path == path and case["message"] in rule.message
+    ]
+    assert len(found) <= 1, f"{case['name']}: its message fits {len(found)} rules"
+    return found[0] if found else None

@@ -22,6 +22,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+from boomerang.connector import config
 from boomerang.operator import api, crdgen, render
 from boomerang.operator.children import desired_children
 from boomerang.router.config import RouterConfig
@@ -34,6 +35,7 @@ DURATIONS = [
     "2562047h", "2562047h47m16.854775807s", "2562048h",  # the longest Go duration, and past it
 ]  # fmt: skip
 NOT_DURATIONS = ["", "8 minutes", "-1s", "1us", "1d", "s"]
+NOT_MODEL_SOURCES = ["hf://Qwen/Qwen 3", "hf://Qwen3-0.6B", "builtin://huge", "pvc:///m", "ftp://x"]
 QUANTITIES: list[Any] = ["0", "1", 2, "500m", "16Gi", "1.5", ".5", "1e3", "-1"]
 NOT_QUANTITIES = ["", "lots", "1.5.5", "Gi"]
 _UNITS = ("ms", "s", "m", "h")
@@ -206,11 +208,19 @@ def _specs() -> st.SearchStrategy[JSON]:
     return from_schema(_SPEC_SCHEMA)
 
 
+def model_sources() -> st.SearchStrategy[str]:
+    """Sources of every shape the API admits (a CEL rule checks them, not a schema pattern),
+    and now and then one it refuses."""
+    admitted = st.from_regex(config.MODEL_SOURCE_RE, fullmatch=True)
+    return st.one_of(admitted, admitted, admitted, st.sampled_from(NOT_MODEL_SOURCES))
+
+
 @st.composite
 def manifests(draw: st.DrawFn) -> JSON:
     """Whole resources as a user would write them (wire names, defaults mostly left out): one
     within the schema's bounds, then up to two of its fields set around theirs."""
     spec = draw(_specs())
+    spec = _set(spec, ("model", "source"), draw(model_sources()))
     delta = draw(st.one_of(st.none(), st.sampled_from([-(10**6), 0, 10**6])))
     if delta is not None:
         spec = _near_router_ttl_bound(spec, delta)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from dd_testing import EXAMPLES, INVALID, deployment, invalid_manifest, manifest
+from dd_testing import EXAMPLES, INVALID, deployment, invalid_manifest, manifest, rule_for
 from pydantic import ValidationError
 
 from boomerang.operator.api import (
@@ -33,6 +33,8 @@ def test_bad_spec_is_rejected_naming_the_field(case: dict[str, Any]) -> None:
     leaf = case["field"].rsplit(".", 1)[-1]
     assert case["field"] in text or leaf in text, text
     assert case.get("message", "") in text, text
+    rule = rule_for(case)
+    assert rule is None or rule.message in text, text  # the rule's own message, whole
 
 
 def test_every_rule_has_an_invalid_case() -> None:
@@ -96,16 +98,21 @@ def test_durations_parse_like_cel(text: str, seconds: float) -> None:
         ("0.1s", 100_000_000),
         ("1.0000000001s", 1_000_000_000),  # beyond nanoseconds: dropped, as Go does
         ("29s999ms", 29_999_000_000),
-        ("2562047h47m16.854775807s", MAX_DURATION_NS),
+        ("99999h99999m99999s99999ms", ((99999 * 60 + 99999) * 60 + 99999) * 10**9 + 99999 * 10**6),
     ],
 )
 def test_durations_count_nanoseconds_like_go(text: str, ns: int) -> None:
     assert duration_ns(text) == ns
 
 
-def test_a_duration_go_cannot_hold_is_invalid() -> None:
-    with pytest.raises(ValueError, match="longer than Kubernetes allows"):
-        duration_ns("2562047h47m16.854775808s")
+@pytest.mark.parametrize("text", ["2562047h47m16.854775808s", "100000s", "1h1m1s1ms1h"])
+def test_durations_past_four_parts_of_five_digits_are_invalid(text: str) -> None:
+    with pytest.raises(ValueError, match="up to four numbers of at most five digits"):
+        duration_ns(text)
+
+
+def test_the_longest_duration_the_pattern_admits_is_far_below_gos_limit() -> None:
+    assert duration_ns("99999.999999999h99999.9h99999.9h99999.9h") < MAX_DURATION_NS // 6
 
 
 def test_wire_names_are_camel_case_with_kubernetes_acronyms() -> None:

@@ -323,6 +323,21 @@ def test_router_service_carries_annotations_and_source_ranges() -> None:
 
 
 @pytest.mark.parametrize(
+    ("router", "affinity"),
+    [
+        ({}, "ClientIP"),  # the defaults: two replicas, the memory store
+        ({"replicas": 3, "store": {"type": "memory"}}, "ClientIP"),
+        ({"replicas": 1}, None),
+        ({"store": {"type": "redis", "url": "redis://r:6379/0"}}, None),
+    ],
+    ids=["defaults", "three-on-memory", "one-replica", "redis"],
+)
+def test_client_ip_affinity_only_for_several_routers_on_the_memory_store(router, affinity) -> None:
+    service = _find(_children(patch={"router": router}), "Service", "-router")
+    assert service["spec"].get("sessionAffinity") == affinity
+
+
+@pytest.mark.parametrize(
     "router",
     [
         {"service": {"type": "LoadBalancer", "allowUnauthenticated": True}},

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from dd_testing import ROOT
 
-from boomerang.operator import crdgen
+from boomerang.operator import api, crdgen, scaler_api
 
 
 @pytest.mark.parametrize("rel", sorted(crdgen.rendered(ROOT)))
@@ -61,3 +62,40 @@ def test_cel_rules_name_their_field() -> None:
     for rule in rules:
         assert rule["message"].startswith("spec."), rule
         assert rule["fieldPath"].startswith("."), rule
+
+
+_SELF_PATH = re.compile(r"(has\()?\bself((?:\.[A-Za-z_][A-Za-z0-9_]*)+)(\()?")
+
+
+def _unguarded_reads(expression: str) -> list[str]:
+    """Every field path the expression reads without `has()` on it and each object above it
+    (method calls such as `.matches(...)` are not fields)."""
+    missing = []
+    for m in _SELF_PATH.finditer(expression):
+        if m.group(1):  # inside has() itself
+            continue
+        parts = m.group(2).lstrip(".").split(".")
+        if m.group(3):  # a method call: the last name is the method
+            parts = parts[:-1]
+        for i in range(len(parts)):
+            path = ".".join(parts[: i + 1])
+            if f"has(self.{path})" not in expression:
+                missing.append(path)
+    return missing
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [*api.RULES, *api.NAME_RULES, *scaler_api.NAME_RULES],
+    ids=lambda r: r.message[:60],
+)
+def test_cel_rules_check_with_has_every_field_they_read(rule) -> None:
+    # Necessary, not sufficient: e2e/test_admission.py runs every rule on the real API server
+    # against a CRD without defaults.
+    assert _unguarded_reads(rule.cel) == [], rule.cel
+
+
+def test_the_has_check_itself_finds_an_unguarded_read() -> None:
+    unsafe = "self.router.service.type != 'LoadBalancer' || 'k' in self.router.service.annotations"
+    assert "router.service.annotations" in _unguarded_reads(unsafe)
+    assert _unguarded_reads("!has(self.a) || self.a.matches('x')") == []

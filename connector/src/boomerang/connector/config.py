@@ -16,6 +16,7 @@ Facts encoded here (vLLM 0.21+ NixlConnector):
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -72,6 +73,38 @@ LEASE_MIDDLEWARE = "boomerang.connector.lease_api.LeaseControl"
 LEASE_WORKER_EXTENSION = "boomerang.connector.leases.LeaseWorker"
 """The methods mixed into vLLM's worker that release or renew D's retained blocks
 (`--worker-extension-cls`)."""
+
+
+BUILTIN_MODELS: tuple[str, ...] = ("small", "tiny")
+"""The deterministic test models `boomerang.connector.model` builds (its `SPECS`, tested equal)."""
+
+_NAME = "[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+_DNS_SUBDOMAIN = "[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_PATH = "(/[^ ]*)?"
+MODEL_SOURCES: Mapping[str, tuple[str, str]] = {
+    "hf": ("hf://org/name", f"hf://{_NAME}/{_NAME}"),
+    "s3": ("s3://bucket/path", f"s3://[A-Za-z0-9][-A-Za-z0-9_.]{{1,253}}[A-Za-z0-9]{_PATH}"),
+    "pvc": ("pvc://claim/path", f"pvc://{_DNS_SUBDOMAIN}{_PATH}"),
+    "builtin": (
+        " or ".join(f"builtin://{name}" for name in BUILTIN_MODELS),
+        f"builtin://({'|'.join(BUILTIN_MODELS)})",
+    ),
+}
+"""Every shape of `spec.model.source`, by scheme: how a user reads it, and the regular
+expression of the sources that can load (a Hugging Face id `org/name`, an S3 bucket and key,
+a PersistentVolumeClaim and a path in it, a builtin model; no spaces). The API refuses other
+sources at admission and the engine entrypoint refuses them at start, both from this table.
+Written without backslashes, so that a CEL string literal carries the expression unchanged."""
+MODEL_SOURCE_RE = "^(" + "|".join(regex for _, regex in MODEL_SOURCES.values()) + ")$"
+MODEL_SOURCE_SHAPES = ", ".join(shape for shape, _ in MODEL_SOURCES.values())
+"""The allowed shapes, for messages: `hf://org/name, s3://bucket/path, ...`."""
+
+
+def model_source_error(source: str) -> str | None:
+    """Why `source` is not a model source Boomerang can load, or None when it is one."""
+    if re.fullmatch(MODEL_SOURCE_RE, source):
+        return None
+    return f"model source {source!r} is none of {MODEL_SOURCE_SHAPES} (without spaces)"
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from types import FrameType
 
+from boomerang.connector import config
+
 MODELS_MOUNT = "/models"
 """Where the operator mounts a `pvc://claim/...` model's claim."""
 
@@ -36,30 +38,24 @@ class UsageError(ValueError):
 
 
 def resolve_model(uri: str, env: Mapping[str, str]) -> tuple[str, list[str]]:
-    """The value vLLM's `--model` gets for a model URI, plus any arguments it implies."""
+    """The value vLLM's `--model` gets for a model URI, plus any arguments it implies. A URI
+    must have one of the shapes the API admits (`config.MODEL_SOURCES`)."""
     from boomerang.connector import model as builtin
 
-    if uri.startswith("hf://"):
-        name = uri.removeprefix("hf://").strip("/")
-        if name.count("/") != 1:
-            raise UsageError(f"hf:// model must be hf://org/name, got {uri!r}")
-        return name, []
-    if uri.startswith("pvc://"):
-        claim, _, path = uri.removeprefix("pvc://").partition("/")
-        if not claim:
-            raise UsageError(f"pvc:// model must be pvc://claim/path, got {uri!r}")
+    if "://" not in uri:
+        return uri, []  # a plain HF id or a local path, as vLLM itself accepts
+    error = config.model_source_error(uri)
+    if error:
+        raise UsageError(error)
+    scheme, _, rest = uri.partition("://")
+    if scheme == "hf":
+        return rest, []
+    if scheme == "pvc":
+        _claim, _, path = rest.partition("/")
         return f"{MODELS_MOUNT}/{path.strip('/')}".rstrip("/"), []
-    if uri.startswith("s3://"):
+    if scheme == "s3":
         return uri, ["--load-format", "runai_streamer"]
-    if uri.startswith("builtin://"):
-        name = uri.removeprefix("builtin://")
-        try:
-            return str(builtin.model_dir(name, dict(env))), []
-        except ValueError as exc:
-            raise UsageError(str(exc)) from exc
-    if "://" in uri:
-        raise UsageError(f"unknown model URI scheme in {uri!r} (hf, pvc, s3, builtin)")
-    return uri, []  # a plain HF id or a local path, as vLLM itself accepts
+    return str(builtin.model_dir(rest, dict(env))), []
 
 
 def _option(args: Sequence[str], name: str) -> tuple[int, str] | None:

@@ -1,9 +1,10 @@
 """`boomerang`: run the product locally (`up`, `down`, `status`, `demo`).
 
-`boomerang up MANIFEST` starts P, D and the router as local processes from a
-`DisaggregatedDeployment` manifest (see `boomerang.local.stack`); `boomerang demo MANIFEST`
-does the same if needed, then runs a short multi-turn chat and prints per-turn TTFT and reuse.
-The stack stays up after `demo` (a second demo reuses it); `boomerang down` stops it.
+`boomerang up MANIFEST` starts every prefill and decode replica and the router as local
+processes from a `DisaggregatedDeployment` manifest (see `boomerang.local.stack`);
+`boomerang demo MANIFEST` does the same if needed, then runs a short multi-turn chat and prints
+per-turn TTFT and reuse. The stack stays up after `demo` (a second demo reuses it);
+`boomerang down` stops it.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ twice through the router with the official client:
 - **recomputed**: the very same messages sent once more. The first send consumed the handle
   (handles are single-use), so nothing is reusable and P computes the whole prompt, which is
   what every turn costs without reuse (the local stack's P runs without a prefix cache).
-For each, P's own `prompt_tokens_by_source` counters say how many prompt tokens it pulled
-from D and how many it computed, and the router's `reuse_total{outcome}` counter says what the
+For each, the prefill engines' own `prompt_tokens_by_source` counters (summed over every
+prefill replica: the router picks one per turn) say how many prompt tokens P pulled from D and
+how many it computed, and the router's `reuse_total{outcome}` counter says what the
 router decided. A warm-up conversation runs first and is not shown: the first pull between two
 engines pays NIXL's one-time connection set-up, which no later turn pays.
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 import statistics
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,13 +102,22 @@ def chat_turn(
     return "".join(parts), ttft if ttft is not None else total, total, prompt_tokens
 
 
+def prefill_sources(prefill: Sequence[str]) -> dict[str, float]:
+    """Prompt tokens by source, summed over the prefill replicas."""
+    found: dict[str, float] = {}
+    for url in prefill:
+        for source, value in tokens_by_source(_metrics(url)).items():
+            found[source] = found.get(source, 0.0) + value
+    return found
+
+
 def measured_send(
-    client: Any, model: str, messages: list[dict[str, str]], router: str, prefill: str
+    client: Any, model: str, messages: list[dict[str, str]], router: str, prefill: Sequence[str]
 ) -> tuple[str, Send]:
     """A turn with the router's decision and P's token sources read around it."""
-    reuse_before, p_before = reuse_counts(_metrics(router)), tokens_by_source(_metrics(prefill))
+    reuse_before, p_before = reuse_counts(_metrics(router)), prefill_sources(prefill)
     reply, ttft, total, prompt_tokens = chat_turn(client, model, messages)
-    reuse_after, p_after = reuse_counts(_metrics(router)), tokens_by_source(_metrics(prefill))
+    reuse_after, p_after = reuse_counts(_metrics(router)), prefill_sources(prefill)
 
     def moved(source: str) -> int:
         return round(p_after.get(source, 0.0) - p_before.get(source, 0.0))
@@ -120,7 +130,7 @@ def measured_send(
 def run_conversation(
     endpoint: str,
     model: str,
-    prefill_url: str,
+    prefill_urls: Sequence[str],
     turns: int = len(QUESTIONS),
     log: Callable[[str], None] = print,
 ) -> list[TurnResult]:
@@ -130,18 +140,18 @@ def run_conversation(
     router = endpoint.removesuffix("/v1")
     log("Warming up: one two-turn conversation of the same size, not shown")
     warm = [{"role": "system", "content": WARMUP}, {"role": "user", "content": "Hello."}]
-    reply, _ = measured_send(client, model, warm, router, prefill_url)
+    reply, _ = measured_send(client, model, warm, router, prefill_urls)
     warm += [{"role": "assistant", "content": reply}, {"role": "user", "content": "Again."}]
-    measured_send(client, model, warm, router, prefill_url)
+    measured_send(client, model, warm, router, prefill_urls)
 
     messages: list[dict[str, str]] = [{"role": "system", "content": SYSTEM}]
     results = []
     for i in range(turns):
         messages.append({"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]})
-        reply, reused = measured_send(client, model, messages, router, prefill_url)
+        reply, reused = measured_send(client, model, messages, router, prefill_urls)
         recomputed = None
         if i > 0:  # the same messages again: the handle is spent, so P computes everything
-            _, recomputed = measured_send(client, model, messages, router, prefill_url)
+            _, recomputed = measured_send(client, model, messages, router, prefill_urls)
         log(f"Turn {i + 1} done")
         messages.append({"role": "assistant", "content": reply})
         results.append(TurnResult(i + 1, reused, recomputed))

@@ -1,13 +1,15 @@
-"""The local runtime: one P, one D and the router as local processes (`boomerang up`).
+"""The local runtime: the engines and the router as local processes (`boomerang up`).
 
 The stack runs exactly what the operator renders for a `DisaggregatedDeployment`: engine
 arguments and environment come from `boomerang.operator.render`, the router's configuration
-from the same function that fills its ConfigMap. Only what is local is overridden: every
-listener on 127.0.0.1, one port per process, the NIXL side-channel host 127.0.0.1, OMP threads
-bound to different cores for P and D, logs and pid files under the cache directory. One
-random lease token per run directory (`lease-token`, mode 0600) lets the router release and
-renew D's retained blocks (`boomerang.connector.leases`): the engines get it in their
-environment, the router the file's path (`lease_token_file`).
+from the same function that fills its ConfigMap. Every replica `spec.prefill.replicas` and
+`spec.decode.replicas` ask for is started, and the router is given all of them. Only what is
+local is overridden: every listener on 127.0.0.1, ports and a core per replica
+(`boomerang.local.placement`), the NIXL side-channel host 127.0.0.1, logs and pid files under
+the cache directory. One random lease token per run directory (`lease-token`, mode 0600) lets
+the router release and renew D's retained blocks (`boomerang.connector.leases`): the engines
+get it in their environment, the router the file's path (`lease_token_file`). The local stack
+has one endpoint, so it runs one router whatever `spec.router.replicas` says, and says so.
 
 `plan()` is pure (manifest in, process specs out); `up()`, `down()` and `status()` do the I/O.
 """
@@ -20,7 +22,6 @@ import secrets
 import subprocess
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,9 @@ from boomerang.connector.config import Role
 from boomerang.connector.engine_venv import engine_command
 from boomerang.connector.engine_venv import ensure as ensure_venv
 from boomerang.connector.model import cache_root
-from boomerang.local import calibrate, processes
+from boomerang.local import calibrate, placement, processes
+from boomerang.local.placement import LocalPorts as LocalPorts
+from boomerang.local.placement import Replica
 
 DEFAULT_MANIFEST = Path(__file__).resolve().parent / "local-cpu.yaml"
 """The embedded default of `boomerang up` and `boomerang demo` (also `examples/local-cpu.yaml`)."""
@@ -39,25 +42,9 @@ ENGINE_START_TIMEOUT_S = 600.0
 LEASE_TOKEN_FILE = "lease-token"
 
 
-@dataclass(frozen=True)
-class LocalPorts:
-    """Every port the local stack listens on (all on 127.0.0.1)."""
-
-    router: int = 8080
-    prefill: int = 8100
-    decode: int = 8200
-    prefill_side_channel: int = connector.SIDE_CHANNEL_PORTS["prefill"]
-    decode_side_channel: int = connector.SIDE_CHANNEL_PORTS["decode"]
-
-    def http(self, role: Role) -> int:
-        return self.prefill if role == "prefill" else self.decode
-
-    def side_channel(self, role: Role) -> int:
-        return self.prefill_side_channel if role == "prefill" else self.decode_side_channel
-
-
-OMP_BIND: Mapping[Role, str] = {"prefill": "0", "decode": "1"}
-"""P and D on different cores: on two cores they otherwise fight over the same one."""
+PAIR_CORES: Mapping[Role, int] = {"prefill": 0, "decode": 1}
+"""The cores of one prefill and one decode engine when no placement is given (the tests' and
+benchmarks' pair on two cores): P and D on different cores, see `boomerang.local.placement`."""
 
 
 def load_manifest(path: Path) -> Any:
@@ -73,16 +60,21 @@ def load_manifest(path: Path) -> Any:
     return DisaggregatedDeployment.model_validate(data)
 
 
-def engine_local_env(role: Role, ports: LocalPorts) -> dict[str, str]:
+def engine_local_env(side_channel_port: int, cpu: int) -> dict[str, str]:
     """The local overrides on top of the rendered engine environment."""
     return {
         "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
-        "VLLM_NIXL_SIDE_CHANNEL_PORT": str(ports.side_channel(role)),
-        "VLLM_CPU_OMP_THREADS_BIND": OMP_BIND[role],
-        "BOOMERANG_KV_CPUS": OMP_BIND[role],
+        "VLLM_NIXL_SIDE_CHANNEL_PORT": str(side_channel_port),
+        "VLLM_CPU_OMP_THREADS_BIND": str(cpu),
+        "BOOMERANG_KV_CPUS": str(cpu),
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
     }
+
+
+def replica_counts(dd: Any) -> dict[Role, int]:
+    """How many engines of each role the manifest asks for."""
+    return {role: getattr(dd.spec, role).replicas for role in connector.ROLES}
 
 
 def engine_spec(
@@ -94,35 +86,44 @@ def engine_spec(
     run_dir: Path,
     base_env: Mapping[str, str],
     lease_token: str | None = None,
+    index: int = 0,
+    cpu: int | None = None,
 ) -> processes.ProcessSpec:
-    """How to run one role's engine locally, from the operator's rendering of the manifest;
-    `lease_token` switches on the engine's lease API (`boomerang.connector.leases`)."""
+    """How to run replica `index` of one role's engine locally, from the operator's rendering
+    of the manifest, on core `cpu` (default `PAIR_CORES`); `lease_token` switches on the
+    engine's lease API (`boomerang.connector.leases`)."""
     from boomerang.operator import render
 
-    args = render.engine_args(dd, role, host="127.0.0.1", port=ports.http(role))
-    env = {**base_env, **render.engine_env(dd, role), **engine_local_env(role, ports)}
+    port = ports.http(role, index)
+    core = PAIR_CORES[role] if cpu is None else cpu
+    args = render.engine_args(dd, role, host="127.0.0.1", port=port)
+    local = engine_local_env(ports.side_channel(role, index), core)
+    env = {**base_env, **render.engine_env(dd, role), **local}
     if lease_token:
         env[connector.LEASE_TOKEN_ENV] = lease_token
+    name = f"{role}-{index}"
     return processes.ProcessSpec(
-        name=role,
+        name=name,
         cmd=[*engine_command(engine_venv), *args],
         env=env,
-        log=run_dir / f"{role}.log",
-        health_url=f"http://127.0.0.1:{ports.http(role)}/health",
+        log=run_dir / f"{name}.log",
+        health_url=f"http://127.0.0.1:{port}/health",
     )
 
 
 def router_settings(dd: Any, ports: LocalPorts, **overrides: Any) -> dict[str, Any]:
-    """The router's configuration (as its YAML file holds it), pointed at the local engines;
-    `overrides` merge into it (a nested mapping such as `timeouts` keeps its other keys)."""
+    """The router's configuration (as its YAML file holds it), pointed at every local engine
+    replica; `overrides` merge into it (a nested mapping such as `timeouts` keeps its other
+    keys)."""
     from boomerang.operator import render
     from boomerang.operator.merge import deep_merge
 
-    data = render.router_config(
-        dd,
-        {"urls": [f"http://127.0.0.1:{ports.prefill}"]},
-        {"urls": [f"http://127.0.0.1:{ports.decode}"]},
+    counts = replica_counts(dd)
+    prefill, decode = (
+        {"urls": [f"http://127.0.0.1:{ports.http(role, i)}" for i in range(counts[role])]}
+        for role in connector.ROLES
     )
+    data = render.router_config(dd, prefill, decode)
     data.update(listen_host="127.0.0.1", listen_port=ports.router, log_json=False)
     if data.get("store", {}).get("kind") == "redis" and data["store"].get("url") == (
         "redis://from-env"
@@ -202,9 +203,11 @@ def _write_state(rdir: Path, state: dict[str, Any]) -> None:
 
 
 def up(manifest: Path, ports: LocalPorts | None = None, log: Any = print) -> str:
-    """Start P, D and the router; returns the OpenAI base URL. Stops everything on failure."""
+    """Start every engine replica and the router; returns the OpenAI base URL. Stops
+    everything on failure."""
     ports = ports or LocalPorts()
     dd = load_manifest(manifest)
+    replicas = place(dd, ports, sorted(os.sched_getaffinity(0)), log)
     rdir = run_dir()
     state = read_state(rdir)
     if state and any(processes.alive(p["pid"]) for p in state.get("processes", [])):
@@ -217,29 +220,55 @@ def up(manifest: Path, ports: LocalPorts | None = None, log: Any = print) -> str
     config_file = rdir / "router.yaml"
     token_file = lease_token_file(rdir)
     token = read_lease_token(rdir)
-    specs = [
+    engines = [
         engine_spec(
-            dd, r, engine_venv=venv, ports=ports, run_dir=rdir, base_env=base_env, lease_token=token
+            dd,
+            r.role,
+            engine_venv=venv,
+            ports=ports,
+            run_dir=rdir,
+            base_env=base_env,
+            lease_token=token,
+            index=r.index,
+            cpu=r.cpu,
         )
-        for r in connector.ROLES
+        for r in replicas
     ]
-    specs.append(router_spec("router", config_file, ports.router, rdir, base_env))
     endpoint = f"http://127.0.0.1:{ports.router}/v1"
     state = {"name": dd.name, "endpoint": endpoint, "model": dd.spec.model.served_name}
-    state["engines"] = {r: f"http://127.0.0.1:{ports.http(r)}" for r in connector.ROLES}
+    state["engines"] = {
+        role: [r.url for r in replicas if r.role == role] for role in connector.ROLES
+    }
     state["processes"] = []
     try:
         # Engines first (they start together), the router once they answer: it would otherwise
         # eject them as unhealthy while they load.
-        _start(specs[:2], state, rdir, log)
+        _start(engines, state, rdir, log)
         timeouts = calibrated_timeouts(dd, ports, log)
         settings = router_settings(dd, ports, timeouts=timeouts, lease_token_file=str(token_file))
         config_file.write_text(yaml.safe_dump(settings, sort_keys=True))
-        _start(specs[2:], state, rdir, log)
+        _start([router_spec("router", config_file, ports.router, rdir, base_env)], state, rdir, log)
     except BaseException:
         down(log=lambda _msg: None)
         raise
     return endpoint
+
+
+def place(dd: Any, ports: LocalPorts, cpus: list[int], log: Any) -> list[Replica]:
+    """Every engine replica the manifest asks for, with its ports and core, saying what the
+    local stack does differently from a cluster; raises PlacementError for counts it cannot
+    run, before anything is installed or started."""
+    replicas = placement.plan(replica_counts(dd), ports, cpus)
+    for r in replicas:
+        log(f"Placing {r.name} on core {r.cpu}: {r.url}, NIXL side channel {r.side_channel_port}")
+    for line in placement.shared_cores(replicas):
+        log(f"Sharing cores: {line} ({len(replicas)} engines on {len(set(cpus))} cores)")
+    if dd.spec.router.replicas > 1:
+        log(
+            f"spec.router.replicas is {dd.spec.router.replicas}: the local stack runs one router "
+            f"(one endpoint on this machine)"
+        )
+    return replicas
 
 
 def calibrated_timeouts(dd: Any, ports: LocalPorts, log: Any) -> dict[str, float]:

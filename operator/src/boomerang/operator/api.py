@@ -28,7 +28,15 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from boomerang.connector.config import ROLES, default_handle_ttl
+from boomerang.connector.config import (
+    MODEL_SOURCE_RE,
+    MODEL_SOURCE_SHAPES,
+    ROLES,
+    Role,
+    default_handle_ttl,
+    model_source_error,
+)
+from boomerang.operator import cel
 
 GROUP = "boomerang.dev"
 VERSION = "v1alpha1"
@@ -72,12 +80,20 @@ MAX_NAME_LENGTH = min(
 and revision labels (63 - len("-prefill") - 11). Longer names are refused at admission
 (`NAME_RULES`): the API server would otherwise admit them, and then refuse some children only."""
 
-_DURATION_RE = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"
+MAX_MODEL_SOURCE_LENGTH = 2048
+"""An S3 key alone may be 1,024 bytes; a bound lets the API server cost the CEL rule."""
+_DURATION_RE = r"^([0-9]{1,5}([.][0-9]+)?(ms|s|m|h)){1,4}$"
+"""A duration: Go's syntax (`480s`, `8m`, `1h30m`, `0.5s`), at most four parts of at most five
+digits before the point. So at most 400,000 hours, far below Go's limit (about 2.56 million):
+every duration the schema admits converts in CEL's `duration()`, and no rule fails to
+evaluate on one (past the limit the conversion fails). No backslash, so that a CEL string
+literal carries it unchanged."""
 _DURATION_PART = re.compile(r"([0-9]+)(?:\.([0-9]+))?(ms|s|m|h)")
 NS_PER_S = 10**9
 _UNIT_NS = {"ms": 10**6, "s": NS_PER_S, "m": 60 * NS_PER_S, "h": 3600 * NS_PER_S}
 MAX_DURATION_NS = 2**63 - 1
-"""Go's (and so CEL's) longest duration, about 292 years: longer ones fail to parse there."""
+"""Go's (and so CEL's) longest duration, about 292 years: longer ones fail to parse there
+(`_DURATION_RE` admits none)."""
 _QUANTITY_RE = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]"
     r"|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
@@ -88,16 +104,17 @@ def duration_ns(value: str) -> int:
     """Nanoseconds in a Go-style duration (`480s`, `8m`, `1h30m`), as CEL's `duration()` reads it.
 
     Computed the way Go's `time.ParseDuration` (which CEL calls) does, down to its float rounding
-    of fractions and its overflow error, so that a rule comparing durations gives the same answer
-    here and in the API server, even at its bounds.
+    of fractions, so that a rule comparing durations gives the same answer here and in the API
+    server, even at its bounds. The pattern keeps every duration far below Go's longest.
     """
     if not re.fullmatch(_DURATION_RE, value):
-        raise ValueError(f"invalid duration {value!r}: use a number with ms, s, m or h, e.g. 480s")
+        raise ValueError(
+            f"invalid duration {value!r}: up to four numbers of at most five digits, each with "
+            f"ms, s, m or h, e.g. 480s or 1h30m"
+        )
     total = 0
     for whole, fraction, unit in _DURATION_PART.findall(value):
         total += int(whole) * _UNIT_NS[unit] + _fraction_ns(fraction, _UNIT_NS[unit])
-    if total > MAX_DURATION_NS:
-        raise ValueError(f"invalid duration {value!r}: longer than Kubernetes allows (292 years)")
     return total
 
 
@@ -272,11 +289,12 @@ class ModelSpec(_Model):
 
     source: str = Field(
         description=(
-            "Model location: hf://org/name (Hugging Face id), s3://bucket/path (streamed), "
-            "pvc://claim/path (a PersistentVolumeClaim mounted at /models), or builtin://tiny "
-            "and builtin://small (deterministic test models built on first start)."
+            f"Model location, one of {MODEL_SOURCE_SHAPES}: a Hugging Face id, an S3 prefix "
+            "(streamed), a path in a PersistentVolumeClaim (mounted at /models), or a "
+            "deterministic test model built on first start. Anything else is refused."
         ),
-        pattern=r"^(hf|s3|pvc|builtin)://.+$",
+        min_length=1,
+        max_length=MAX_MODEL_SOURCE_LENGTH,
     )
     served_name: str = Field(
         description="Model name clients send in requests.", min_length=1, max_length=253
@@ -503,7 +521,11 @@ class StoreSpec(_Model):
     """Where the router keeps conversations' KV handles."""
 
     type: Literal["memory", "redis"] = Field(
-        "memory", description="memory (one router replica's own) or redis (shared by replicas)."
+        "memory",
+        description="memory: each router replica keeps the handles it stored, so with more "
+        "than one replica the router's Service gets client-IP affinity (sessionAffinity: "
+        "ClientIP) to send a client back to the replica holding its conversations. redis: "
+        "shared by all replicas, no affinity, any replica serves any turn.",
     )
     url: str | None = Field(None, description="Redis URL, e.g. redis://redis:6379/0.", min_length=1)
     url_secret_ref: SecretKeyRef | None = Field(
@@ -546,12 +568,25 @@ class ContainerResources(_Model):
 class RouterSpec(_Model):
     """The KV-cache-aware router in front of the engines."""
 
-    replicas: int = Field(2, description="Router pods.", ge=1, le=INT32_MAX)
+    replicas: int = Field(
+        2,
+        description="Router pods. Above 1 with the memory store (the default), the router's "
+        "Service gets client-IP affinity: each client address stays on one replica for 3 hours "
+        "(Kubernetes' default), so behind a proxy, NAT or a load balancer that hides client "
+        "addresses all traffic may land on one replica, and a replica's restart costs its "
+        "conversations one recomputed turn. Use store.type redis to spread turns instead.",
+        ge=1,
+        le=INT32_MAX,
+    )
     image: str = Field(DEFAULT_ROUTER_IMAGE, description="Router image.", min_length=1)
     resources: ContainerResources = Field(
         default_factory=lambda: ContainerResources(), description="Router container resources."
     )
-    store: StoreSpec = Field(default_factory=lambda: StoreSpec(), description="Conversation store.")
+    store: StoreSpec = Field(
+        default_factory=lambda: StoreSpec(),
+        description="Conversation store of KV handles: memory (per replica; client-IP affinity "
+        "with several replicas) or redis (shared).",
+    )
     conversation_ttl: Duration | None = Field(
         None,
         alias="conversationTTL",
@@ -661,12 +696,59 @@ INTERNAL_LB_ANNOTATIONS = (
 """What makes an AWS load balancer internal (the AWS Load Balancer Controller's annotation,
 and the in-tree cloud provider's); any other LoadBalancer Service is internet-facing."""
 
-_TUNING = "self.kvTransfer.tuning"
+
+def _v(path: str) -> str:
+    """CEL: the spec field at `path`, or its default where absent (see `cel`)."""
+    return cel.value(DisaggregatedDeploymentSpec, path)
+
+
+def _has(path: str) -> str:
+    """CEL: the spec field at `path` and every object above it are set (see `cel`)."""
+    return f"({cel.present(path)})"
+
+
+def _well_formed(path: str) -> str:
+    """CEL: the duration at `path` (or its default) matches the schema's pattern. The API server
+    evaluates the rules even when a field fails its pattern, and `duration()` of such a string
+    fails: a rule passes on it instead (the pattern's own error says what is wrong)."""
+    return f"{_v(path)}.matches('{_DURATION_RE}')"
+
+
+def _duration(path: str) -> str:
+    return f"duration({_v(path)})"
+
+
+_TUNING = "kvTransfer.tuning"
+_TTL = "kvTransfer.decoderBlocksTTL"
+_MIN = f"{_TUNING}.retention.minimum"
+_ROUTER_TTL = "self.router.conversationTTL"
+_ROUTER_TTL_SET = (
+    f"({cel.present('router.conversationTTL')} && {_ROUTER_TTL}.matches('{_DURATION_RE}'))"
+)
+_ANNOTATIONS = "self.router.service.annotations"
+
+
+def _gpus_rule(role: Role) -> Rule[DisaggregatedDeploymentSpec]:
+    gpus, tp = _v(f"{role}.resources.gpus"), _v(f"{role}.tensorParallelSize")
+    return Rule(
+        cel=f"{gpus} == 0 || {gpus} % {tp} == 0",
+        message=f"spec.{role}.resources.gpus must be a multiple of spec.{role}.tensorParallelSize",
+        field_path=f".{role}.resources.gpus",
+        check=lambda s: (
+            getattr(s, role).resources.gpus % getattr(s, role).tensor_parallel_size == 0
+        ),
+    )
+
 
 RULES: tuple[Rule[DisaggregatedDeploymentSpec], ...] = (
     Rule(
-        cel="!has(self.router.conversationTTL) || "
-        "duration(self.router.conversationTTL) > duration('0s')",
+        cel=f"!{_has('model.source')} || self.model.source.matches('{MODEL_SOURCE_RE}')",
+        message=f"spec.model.source must be one of {MODEL_SOURCE_SHAPES} (without spaces)",
+        field_path=".model.source",
+        check=lambda s: model_source_error(s.model.source) is None,
+    ),
+    Rule(
+        cel=f"!{_ROUTER_TTL_SET} || duration({_ROUTER_TTL}) > duration('0s')",
         message="spec.router.conversationTTL must be positive",
         field_path=".router.conversationTTL",
         check=lambda s: (
@@ -674,36 +756,37 @@ RULES: tuple[Rule[DisaggregatedDeploymentSpec], ...] = (
         ),
     ),
     Rule(
-        cel="!has(self.router.conversationTTL) || duration(self.router.conversationTTL) "
-        "+ duration('5s') < duration(self.kvTransfer.decoderBlocksTTL)",
+        cel=f"!({_ROUTER_TTL_SET} && {_well_formed(_TTL)}) || "
+        f"duration({_ROUTER_TTL}) + duration('5s') < {_duration(_TTL)}",
         message="spec.router.conversationTTL must be more than 5s below "
         "spec.kvTransfer.decoderBlocksTTL",
         field_path=".router.conversationTTL",
         check=_router_ttl_ok,
     ),
     Rule(
-        cel="duration(self.kvTransfer.decoderBlocksTTL) >= duration('30s')",
+        cel=f"!{_well_formed(_TTL)} || {_duration(_TTL)} >= duration('30s')",
         message="spec.kvTransfer.decoderBlocksTTL must be at least 30s",
         field_path=".kvTransfer.decoderBlocksTTL",
         check=lambda s: duration_ns(s.kv_transfer.decoder_blocks_ttl) >= 30 * NS_PER_S,
     ),
     Rule(
-        cel="duration(self.kvTransfer.leaseDuration) >= duration('1s')",
+        cel=f"!{_well_formed('kvTransfer.leaseDuration')} || "
+        f"{_duration('kvTransfer.leaseDuration')} >= duration('1s')",
         message="spec.kvTransfer.leaseDuration must be at least 1s",
         field_path=".kvTransfer.leaseDuration",
         check=lambda s: duration_ns(s.kv_transfer.lease_duration) >= NS_PER_S,
     ),
     Rule(
-        cel="(self.prefill.resources.efa == 0 && self.decode.resources.efa == 0) || "
-        "!has(self.kvTransfer.backend) || self.kvTransfer.backend == 'LIBFABRIC'",
+        cel=f"({_v('prefill.resources.efa')} == 0 && {_v('decode.resources.efa')} == 0) || "
+        f"!{_has('kvTransfer.backend')} || self.kvTransfer.backend == 'LIBFABRIC'",
         message="spec.kvTransfer.backend must be LIBFABRIC when EFA interfaces are requested "
         "(UCX silently falls back to TCP on EFA)",
         field_path=".kvTransfer.backend",
         check=lambda s: not s.efa or s.kv_transfer.backend in (None, "LIBFABRIC"),
     ),
     Rule(
-        cel="self.router.store.type != 'redis' || has(self.router.store.url) || "
-        "has(self.router.store.urlSecretRef)",
+        cel=f"{_v('router.store.type')} != 'redis' || {_has('router.store.url')} || "
+        f"{_has('router.store.urlSecretRef')}",
         message="spec.router.store.url or spec.router.store.urlSecretRef is required when "
         "spec.router.store.type is redis",
         field_path=".router.store",
@@ -714,19 +797,20 @@ RULES: tuple[Rule[DisaggregatedDeploymentSpec], ...] = (
         ),
     ),
     Rule(
-        cel="!(has(self.router.store.url) && has(self.router.store.urlSecretRef))",
+        cel=f"!({_has('router.store.url')} && {_has('router.store.urlSecretRef')})",
         message="spec.router.store.url and spec.router.store.urlSecretRef are mutually exclusive",
         field_path=".router.store",
         check=lambda s: s.router.store.url is None or s.router.store.url_secret_ref is None,
     ),
     Rule(
-        cel="self.router.service.type != 'LoadBalancer' || has(self.router.apiKeySecretRef) "
-        "|| self.router.service.allowUnauthenticated || "
+        cel=f"{_v('router.service.type')} != 'LoadBalancer' || {_has('router.apiKeySecretRef')} "
+        f"|| {_v('router.service.allowUnauthenticated')} || "
+        f"({_has('router.service.annotations')} && ("
         + " || ".join(
-            f"('{key}' in self.router.service.annotations && "
-            f"self.router.service.annotations['{key}'] == '{value}')"
+            f"('{key}' in {_ANNOTATIONS} && {_ANNOTATIONS}['{key}'] == '{value}')"
             for key, value in INTERNAL_LB_ANNOTATIONS
-        ),
+        )
+        + "))",
         message="spec.router.apiKeySecretRef is required for an internet-facing LoadBalancer "
         "(or set spec.router.service.allowUnauthenticated)",
         field_path=".router.apiKeySecretRef",
@@ -738,19 +822,19 @@ RULES: tuple[Rule[DisaggregatedDeploymentSpec], ...] = (
         ),
     ),
     Rule(
-        cel="!self.model.cache.persistent || has(self.model.cache.size)",
+        cel=f"!{_v('model.cache.persistent')} || {_has('model.cache.size')}",
         message="spec.model.cache.size is required when spec.model.cache.persistent is true",
         field_path=".model.cache.size",
         check=lambda s: not s.model.cache.persistent or s.model.cache.size is not None,
     ),
     Rule(
-        cel="!self.placement.required || has(self.placement.topologyKey)",
+        cel=f"!{_v('placement.required')} || {_has('placement.topologyKey')}",
         message="spec.placement.topologyKey is required when spec.placement.required is true",
         field_path=".placement.topologyKey",
         check=lambda s: not s.placement.required or s.placement.topology_key is not None,
     ),
     Rule(
-        cel=f"{_TUNING}.breakEven.minTokens <= {_TUNING}.breakEven.maxTokens",
+        cel=f"{_v(f'{_TUNING}.breakEven.minTokens')} <= {_v(f'{_TUNING}.breakEven.maxTokens')}",
         message="spec.kvTransfer.tuning.breakEven.minTokens must not exceed "
         "spec.kvTransfer.tuning.breakEven.maxTokens",
         field_path=".kvTransfer.tuning.breakEven.minTokens",
@@ -759,19 +843,21 @@ RULES: tuple[Rule[DisaggregatedDeploymentSpec], ...] = (
         ),
     ),
     Rule(
-        cel=f"duration({_TUNING}.continueOnDecode.itlBudget) > duration('0s')",
+        cel=f"!{_well_formed(f'{_TUNING}.continueOnDecode.itlBudget')} || "
+        f"{_duration(f'{_TUNING}.continueOnDecode.itlBudget')} > duration('0s')",
         message="spec.kvTransfer.tuning.continueOnDecode.itlBudget must be positive",
         field_path=".kvTransfer.tuning.continueOnDecode.itlBudget",
         check=lambda s: duration_ns(s.kv_transfer.tuning.continue_on_decode.itl_budget) > 0,
     ),
     Rule(
-        cel=f"duration({_TUNING}.retention.minimum) > duration('0s')",
+        cel=f"!{_well_formed(_MIN)} || {_duration(_MIN)} > duration('0s')",
         message="spec.kvTransfer.tuning.retention.minimum must be positive",
         field_path=".kvTransfer.tuning.retention.minimum",
         check=lambda s: duration_ns(s.kv_transfer.tuning.retention.minimum) > 0,
     ),
     Rule(
-        cel=f"duration({_TUNING}.retention.minimum) < duration(self.kvTransfer.decoderBlocksTTL)",
+        cel=f"!({_well_formed(_MIN)} && {_well_formed(_TTL)}) || "
+        f"{_duration(_MIN)} < {_duration(_TTL)}",
         message="spec.kvTransfer.tuning.retention.minimum must be below "
         "spec.kvTransfer.decoderBlocksTTL (the ceiling of retention)",
         field_path=".kvTransfer.tuning.retention.minimum",
@@ -780,34 +866,27 @@ RULES: tuple[Rule[DisaggregatedDeploymentSpec], ...] = (
             < duration_ns(s.kv_transfer.decoder_blocks_ttl)
         ),
     ),
-    Rule(
-        cel="self.prefill.resources.gpus == 0 || "
-        "self.prefill.resources.gpus % self.prefill.tensorParallelSize == 0",
-        message="spec.prefill.resources.gpus must be a multiple of spec.prefill.tensorParallelSize",
-        field_path=".prefill.resources.gpus",
-        check=lambda s: s.prefill.resources.gpus % s.prefill.tensor_parallel_size == 0,
-    ),
-    Rule(
-        cel="self.decode.resources.gpus == 0 || "
-        "self.decode.resources.gpus % self.decode.tensorParallelSize == 0",
-        message="spec.decode.resources.gpus must be a multiple of spec.decode.tensorParallelSize",
-        field_path=".decode.resources.gpus",
-        check=lambda s: s.decode.resources.gpus % s.decode.tensor_parallel_size == 0,
-    ),
+    _gpus_rule("prefill"),
+    _gpus_rule("decode"),
 )
+"""Rules across the spec's fields, checked by the API server at the spec (CEL) and by the
+model. Every field a rule reads goes through `_v` or `_has`, so no rule fails to evaluate on a
+field the object lacks."""
 
 _DNS_1035_LABEL = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
 
+_NAME_SET = f"({cel.present('metadata.name')})"
+
 NAME_RULES: tuple[Rule[str], ...] = (
     Rule(
-        cel=f"self.metadata.name.size() <= {MAX_NAME_LENGTH}",
+        cel=f"!{_NAME_SET} || self.metadata.name.size() <= {MAX_NAME_LENGTH}",
         message=f"metadata.name must be at most {MAX_NAME_LENGTH} characters (its StatefulSets' "
         f"pod names and labels add {DNS_LABEL_MAX - MAX_NAME_LENGTH} and must fit in 63)",
         field_path=".metadata.name",
         check=lambda name: len(name) <= MAX_NAME_LENGTH,
     ),
     Rule(
-        cel=f"self.metadata.name.matches('{_DNS_1035_LABEL}')",
+        cel=f"!{_NAME_SET} || self.metadata.name.matches('{_DNS_1035_LABEL}')",
         message="metadata.name must start with a letter and contain no dots: it names "
         "Services, which are DNS-1035 labels",
         field_path=".metadata.name",

@@ -19,6 +19,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from boomerang.operator import cel
 from boomerang.operator.api import INT32_MAX, MAX_NAME_LENGTH, Rule, _Model
 
 KIND = "DisaggregatedRoleScaler"
@@ -87,7 +88,9 @@ SPEC_RULES: tuple[Rule[DisaggregatedRoleScalerSpec], ...] = (
 
 NAME_RULES: tuple[Rule[DisaggregatedRoleScaler], ...] = (
     Rule(
-        cel="self.metadata.name == self.spec.deploymentName + '-' + self.spec.role",
+        cel=f"!({cel.present('metadata.name')} && {cel.present('spec.deploymentName')} && "
+        f"has(self.spec.role)) || "
+        "self.metadata.name == self.spec.deploymentName + '-' + self.spec.role",
         message="metadata.name must be <spec.deploymentName>-<spec.role> (the role's "
         "StatefulSet name)",
         field_path=".metadata.name",
