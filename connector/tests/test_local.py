@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from boomerang.connector import config
 from boomerang.local import stack
 from boomerang.operator import render
 
@@ -35,8 +36,13 @@ def test_engine_runs_the_rendered_args_with_local_host_and_port(dd, role, tmp_pa
     rendered = render.engine_args(dd, role)
     assert args[args.index("--host") + 1] == "127.0.0.1"
     assert args[args.index("--port") + 1] == str(ports.http(role))
-    # Everything but host and port is exactly what the operator puts in the pod.
-    strip = {"--host", "--port"}
+    if getattr(dd.spec, role).prefix_caching:  # a cache to report: its events on its own ports
+        events = json.loads(args[args.index("--kv-events-config") + 1])
+        assert events == config.kv_events_config(ports.http(role))
+    else:
+        assert "--kv-events-config" not in args
+    # Everything but host, port and the ports derived from it is what the operator renders.
+    strip = {"--host", "--port", "--kv-events-config"}
 
     def without(a: list[str]) -> list[str]:
         return [x for i, x in enumerate(a) if x not in strip and (i == 0 or a[i - 1] not in strip)]

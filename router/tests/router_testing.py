@@ -466,3 +466,25 @@ async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
         writer.write(b"1\r\nx\r\n")
         await writer.drain()
         await asyncio.sleep(0.05)
+
+
+def d_caches(w: Any, tokens: list[int], i: int = 0, role: str = "decode") -> None:
+    """Engine i of `role` holds `tokens` in its prefix cache, as its KV events would have told
+    the router's index (the fake engines publish none)."""
+    from boomerang.router import blockhash
+    from boomerang.router.app import ROUTER
+
+    router = w.client.server.app[ROUTER]
+    spec = (w.decode if role == "decode" else w.prefill)[i]
+    offset = len(w.prefill) if role == "decode" else 0
+    url = str(w.servers[offset + i].make_url("")).rstrip("/")
+    bit = router.kv.engines.bit(url)
+    router.kv.block_size = spec.block_size
+    for h in blockhash.prompt_hashes(tokens, spec.block_size):
+        router.kv.blocks.add(h, bit)
+
+
+def held_tokens(w: Any, engine: str = "d0") -> list[int]:
+    """The tokens of what `engine` pins on the fabric (its last retained request's)."""
+    held = [h.tokens for (e, _r), h in w.fabric.held.items() if e == engine]
+    return held[-1]

@@ -7,9 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from router_testing import chat, post
+from fake_tokenizer import render_chat
+from router_testing import chat, d_caches, post
 
 from boomerang.router.affinity import Affinity, Placement, cached_tokens
+from boomerang.router.app import ROUTER
 from boomerang.router.endpoints import Endpoint, LeastWorkAffinity
 
 
@@ -59,3 +61,26 @@ async def test_without_affinity_plain_turns_spread(world: Any) -> None:
     w = await world(n_prefill=2, n_decode=2, bidirectional=False, affinity=False)
     await conversation_turns(w, 4)
     assert [len(e.calls) for e in w.prefill] == [2, 2]
+
+
+async def test_the_p_whose_cache_holds_the_prompt_serves_it(world: Any) -> None:
+    """Another conversation's P holds this prompt's long system prompt (the KV index says so):
+    a first turn, with no placement, goes there."""
+    w = await world(n_prefill=2, n_decode=1)
+    system = {"role": "system", "content": "you are a careful assistant " * 40}
+    messages = [system, {"role": "user", "content": "hello"}]
+    d_caches(w, render_chat(messages)[:-40], i=1, role="prefill")  # the shared blocks, on P1
+    for _ in range(3):
+        status, body = await post(w, chat(messages))
+        assert status == 200, body
+    assert [len(e.calls) for e in w.prefill] == [0, 3]
+
+
+async def test_an_index_that_hashes_otherwise_is_not_consulted(world: Any) -> None:
+    w = await world(n_prefill=2, n_decode=1, affinity=False)
+    w.client.server.app[ROUTER].kv.usable = False
+    messages = [{"role": "user", "content": "hello " * 50}]
+    for _ in range(4):
+        await post(w, chat(messages))
+    assert [len(e.calls) for e in w.prefill] == [2, 2]  # least work, ties rotating
+    assert all(e.tokenize_calls == 0 for e in w.prefill)  # nothing to steer: no tokenize

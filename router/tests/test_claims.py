@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from fake_leases import yield_lease
-from router_testing import chat, filed, post
+from router_testing import chat, d_caches, filed, held_tokens, post
 from test_paths import ADAPTIVE, SLOW_P, router_of
 
 from boomerang.connector.config import CONTINUE_CAPABILITY, PRESSURE_CAPABILITY
@@ -66,15 +66,28 @@ async def test_a_lease_that_yielded_is_never_offered_to_p(world: Any, token_file
     assert w.fabric.violations == []
 
 
-async def test_adaptive_continues_on_the_decoder_instead(world: Any, token_file: str) -> None:
+async def test_adaptive_continues_where_d_still_caches_it(world: Any, token_file: str) -> None:
     w = await world(lease_token_file=token_file, decode_spec=YIELDING, **ADAPTIVE)
     router_of(w, SLOW_P)
     messages = await two_turns(w)
+    d_caches(w, held_tokens(w))  # D's events: the freed blocks are still in its cache
     yield_lease(w.decode[0])
     status, body = await post(w, chat(messages, conversation_id="c"))
     assert status == 200, body
     assert w.decode[0].calls[-1]["kv_transfer_params"] == CONTINUE_PARAMS
     assert len(w.prefill[0].calls) == 1 and await w.reuse("cached") == 1
+    assert w.fabric.violations == []
+
+
+async def test_adaptive_goes_to_p_when_d_no_longer_caches_it(world: Any, token_file: str) -> None:
+    w = await world(lease_token_file=token_file, decode_spec=YIELDING, **ADAPTIVE)
+    router_of(w, SLOW_P)
+    messages = await two_turns(w)
+    yield_lease(w.decode[0])  # and nothing says D still has the blocks: P computes
+    status, body = await post(w, chat(messages, conversation_id="c"))
+    assert status == 200, body
+    assert w.decode[0].calls[-1]["kv_transfer_params"] != CONTINUE_PARAMS
+    assert len(w.prefill[0].calls) == 2 and await w.reuse("cached") == 0
     assert w.fabric.violations == []
 
 

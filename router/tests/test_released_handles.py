@@ -13,7 +13,7 @@ import dataclasses
 import json
 from typing import Any
 
-from router_testing import chat, filed, post
+from router_testing import chat, d_caches, filed, held_tokens, post
 from test_paths import ADAPTIVE, SLOW_P, conversation, router_of
 
 from boomerang.router.app import ROUTER
@@ -44,6 +44,7 @@ async def test_a_short_suffix_continues_on_the_decoder_that_held_it(world: Any) 
     w = await world(**ADAPTIVE)
     _, retention = router_of(w, SLOW_P)
     messages = await conversation(w, 1)
+    d_caches(w, held_tokens(w))  # its KV events: the released blocks are still cached
     soft = await release_the_handle(w)
     status, body = await post(w, chat(messages, conversation_id="c"))
     assert status == 200, body

@@ -46,6 +46,26 @@ def default_handle_ttl(decoder_ttl_s: float) -> float:
     return decoder_ttl_s - P_DECLINE_WINDOW_S - max(5.0, 0.1 * decoder_ttl_s)
 
 
+KV_EVENTS_PORT_OFFSET = 20000
+"""An engine publishes its KV cache events (vLLM's ZMQ publisher) on its HTTP port plus this,
+and answers replay requests on its HTTP port plus `KV_REPLAY_PORT_OFFSET`: the router finds
+both from the engine's URL, whether every pod listens on 8000 or the local runtime's replicas
+on consecutive ports."""
+KV_REPLAY_PORT_OFFSET = 30000
+KV_EVENTS_TOPIC = "kv"
+
+
+def kv_events_config(http_port: int) -> dict[str, object]:
+    """The `--kv-events-config` object of an engine listening on `http_port`."""
+    return {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{http_port + KV_EVENTS_PORT_OFFSET}",
+        "replay_endpoint": f"tcp://*:{http_port + KV_REPLAY_PORT_OFFSET}",
+        "topic": KV_EVENTS_TOPIC,
+    }
+
+
 ENGINE_REVISION_ENV = "BOOMERANG_ENGINE_REVISION"
 """Set by the operator and the local runtime to what P and D must agree on to handshake (the
 engine build and the connector protocol); the plugin publishes it on the engine's `/metrics`."""
@@ -130,6 +150,8 @@ class EngineSettings:
     dtype: str = "auto"
     tensor_parallel_size: int = 1
     prefix_caching: bool = True
+    kv_events: bool = True
+    """Publish KV cache events (stored and evicted blocks) for the router's index."""
     enforce_eager: bool = False
     port: int = HTTP_PORT
     host: str = "0.0.0.0"
@@ -180,6 +202,9 @@ def engine_args(role: Role, engine: EngineSettings, kv: KVTransferSettings) -> l
         "--worker-extension-cls",
         LEASE_WORKER_EXTENSION,
     ]
+    if engine.kv_events and engine.prefix_caching:
+        events = kv_events_config(engine.port)
+        args += ["--kv-events-config", json.dumps(events, sort_keys=True, separators=(",", ":"))]
     if engine.max_model_len is not None:
         args += ["--max-model-len", str(engine.max_model_len)]
     if engine.enforce_eager:

@@ -17,7 +17,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from boomerang.connector.config import HTTP_PORT, SIDE_CHANNEL_PORTS, Role
+from boomerang.connector.config import (
+    HTTP_PORT,
+    KV_EVENTS_PORT_OFFSET,
+    KV_REPLAY_PORT_OFFSET,
+    SIDE_CHANNEL_PORTS,
+    Role,
+)
 from boomerang.operator import render
 from boomerang.operator.api import DisaggregatedDeployment
 from boomerang.operator.merge import deep_merge
@@ -157,6 +163,8 @@ def _engine_container(dd: DisaggregatedDeployment, role: Role) -> dict[str, Any]
         "ports": [
             {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
             {"name": "nixl-side", "containerPort": SIDE_CHANNEL_PORTS[role], "protocol": "TCP"},
+            {"name": "kv-events", "containerPort": HTTP_PORT + KV_EVENTS_PORT_OFFSET},
+            {"name": "kv-replay", "containerPort": HTTP_PORT + KV_REPLAY_PORT_OFFSET},
         ],
         "resources": _resources(dd, role),
         "volumeMounts": _mounts(dd, role),

@@ -39,6 +39,7 @@ from boomerang.router.endpoints import LeastWorkAffinity, Pool, Strategy
 from boomerang.router.errors import ApiError
 from boomerang.router.flow import Router
 from boomerang.router.health import probe_all, run_prober
+from boomerang.router.kvevents import Index, KvEvents
 from boomerang.router.leases import LeaseClient, LeaseFailure, Retention
 from boomerang.router.metrics import Metrics
 from boomerang.router.store import ConversationStore, MemoryStore
@@ -122,6 +123,7 @@ def _lifecycle(strategy: Strategy | None, store: ConversationStore | None) -> An
         the_store = store or _make_store(config)
         leases = LeaseClient(config)
         claims = Claims(leases, metrics)
+        index = Index(config.kv_events.hash_seed, metrics) if config.kv_events.enabled else None
         retention = app[RETENTION] = Retention(
             config, the_store, leases, metrics, decoders=partial(_kv_blocks, pools[1])
         )
@@ -135,10 +137,16 @@ def _lifecycle(strategy: Strategy | None, store: ConversationStore | None) -> An
             engines,
             retention=retention,
             claims=claims,
+            kv=index,
         )
         tasks = _watchers(config, pools, session)
         await probe_all(engines, pools, config, metrics)
         tasks += _background(app, engines, pools, the_store)
+        if index is not None:
+            urls = partial(_engine_urls, pools)
+            tasks.append(
+                asyncio.create_task(KvEvents(config.kv_events, index, urls, metrics).run())
+            )
         try:
             yield
         finally:
@@ -153,6 +161,11 @@ def _lifecycle(strategy: Strategy | None, store: ConversationStore | None) -> An
             await engines.close()
 
     return lifecycle
+
+
+def _engine_urls(pools: list[Pool]) -> list[str]:
+    """Every engine the pools list (whose KV events the index follows)."""
+    return [url for pool in pools for url in pool.endpoints]
 
 
 def _kv_blocks(decode: Pool) -> dict[str, int | None]:

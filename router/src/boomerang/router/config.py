@@ -20,7 +20,12 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from boomerang.connector.config import P_DECLINE_WINDOW_S, default_handle_ttl
+from boomerang.connector.config import (
+    KV_EVENTS_PORT_OFFSET,
+    KV_REPLAY_PORT_OFFSET,
+    P_DECLINE_WINDOW_S,
+    default_handle_ttl,
+)
 
 
 class _Model(BaseModel):
@@ -186,6 +191,27 @@ class Tuning(_Model):
         return self
 
 
+class KvEventsConfig(_Model):
+    """The engines' KV cache events, and the index the router keeps from them (`kvevents.py`)."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Subscribe to every engine's KV events and route by what each one holds.",
+    )
+    port_offset: int = Field(
+        default=KV_EVENTS_PORT_OFFSET,
+        description="An engine publishes on its HTTP port plus this.",
+    )
+    replay_port_offset: int = Field(
+        default=KV_REPLAY_PORT_OFFSET,
+        description="An engine answers replay requests on its HTTP port plus this.",
+    )
+    hash_seed: str | None = Field(
+        default=None,
+        description="The engines' PYTHONHASHSEED, when set (their block hashes start from it).",
+    )
+
+
 class RouterConfig(_Model):
     """Everything the router needs; see the module docstring for precedence."""
 
@@ -279,6 +305,9 @@ class RouterConfig(_Model):
         "its previous turn (their prefix caches hold its history) unless that costs more than "
         "moving: P by outstanding work plus what it must compute, D within "
         "decode_affinity_slack.",
+    )
+    kv_events: KvEventsConfig = Field(
+        default_factory=KvEventsConfig, description="The engines' KV events and the index."
     )
     affinity_ttl_s: float = Field(
         default=900.0,

@@ -78,6 +78,9 @@ class Shape:
     p_cached_tokens: int = 0
     """What P probably holds of the prompt already (its prefix cache): P computes only the
     rest, and a pull brings only the reusable tokens beyond it."""
+    d_held_tokens: int | None = None
+    """What the holder has of the prompt in its cache (None: the verified reusable tokens):
+    a continued turn computes the rest."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.reusable_tokens <= self.prompt_tokens:
@@ -88,6 +91,12 @@ class Shape:
     @property
     def suffix_tokens(self) -> int:
         return self.prompt_tokens - self.reusable_tokens
+
+    @property
+    def continue_tokens(self) -> int:
+        """What a continued turn computes on the holder."""
+        held = self.reusable_tokens if self.d_held_tokens is None else self.d_held_tokens
+        return max(0, self.prompt_tokens - held)
 
     @property
     def pulled_tokens(self) -> int:
@@ -154,7 +163,7 @@ class Coefficients:
         return {
             Path.PULL: pull,
             Path.RECOMPUTE: recompute,
-            Path.CONTINUE: self.d_fixed_s + self.d_compute_s_per_token * suffix,
+            Path.CONTINUE: self.d_fixed_s + self.d_compute_s_per_token * shape.continue_tokens,
         }
 
 
@@ -205,7 +214,7 @@ def continue_limit(c: Coefficients, bounds: Bounds) -> int:
 def decide(c: Coefficients, shape: Shape, bounds: Bounds) -> Choice:
     """The cheapest allowed path for `shape` under `c` (see `CostModel.choose`)."""
     estimate = c.costs(shape)
-    r, suffix = shape.pulled_tokens, shape.suffix_tokens
+    r = shape.pulled_tokens
     lo = max(bounds.floor_tokens, bounds.break_even_min_tokens)
     notes: list[str] = []
     allowed = [Path.RECOMPUTE]
@@ -218,11 +227,11 @@ def decide(c: Coefficients, shape: Shape, bounds: Bounds) -> Choice:
     forced = Path.PULL in allowed and r >= bounds.break_even_max_tokens
     if forced:
         notes.append(f"pull forced: reusable {r} >= {bounds.break_even_max_tokens}")
-    limit = continue_limit(c, bounds)
-    if shape.holder and 0 < suffix <= limit:
+    limit, on_d = continue_limit(c, bounds), shape.continue_tokens
+    if shape.holder and 0 < on_d <= limit:
         allowed.append(Path.CONTINUE)
     elif shape.holder and bounds.continue_on_decode:
-        notes.append(f"no continue: suffix {suffix} not in 1..{limit}")
+        notes.append(f"no continue: {on_d} to compute on D not in 1..{limit}")
     costs = {p: estimate[p] for p in _PREFERENCE if p in allowed}
     best: Path | None = None
     for p in costs:

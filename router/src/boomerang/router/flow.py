@@ -58,8 +58,9 @@ class Router(Serving):
             await self._take(turn)  # 2. the conversation: its placement and handle
             if route != "pd":
                 return await Alone(self, route, why).run(request, turn)
+            await self._identify(turn)  # the prompt's ids where they help; D's claim
             self._choose_prefill(turn)
-            await self._verify(turn)  # 3. the handle against the new prompt; D's claim
+            self._verify(turn)  # 3. the handle against the new prompt
             plan = self._plan(turn)  # 4. the legs to try
             return await self._run(request, turn, plan)  # 5. until one answers
         finally:
@@ -106,20 +107,27 @@ class Router(Serving):
         turn.take(status, handle, handle is not None and self.still_held(handle))
 
     def _choose_prefill(self, turn: Turn) -> None:
-        """The P the turn will use (tokenize and prefill go to it first), chosen before the
-        plan so that the plan knows what P's own cache probably holds."""
+        """The P the turn will use first, chosen before the plan so that the plan knows what
+        P's own cache holds (the KV index, else the conversation's placement)."""
         candidates = self.prefill.candidates()
         if candidates:
             self.pick_prefill(turn, candidates)
 
-    async def _verify(self, turn: Turn) -> None:
-        """Decide on the new prompt's token ids what of a taken handle P may reuse; D confirms
-        its lease meanwhile (`claims.py`)."""
-        if turn.handle is None:
+    async def _identify(self, turn: Turn) -> None:
+        """The prompt's token ids, when they can verify a handle or tell which P holds the
+        prompt (the KV index, with more than one P); D confirms the handle's lease meanwhile
+        (`claims.py`)."""
+        steer = self.indexed() and len(self.prefill.candidates()) > 1
+        if turn.handle is None and not steer:
             return
         ids, _ = await asyncio.gather(self._prompt_ids(turn), self._claim(turn))
         turn.prompt_ids = ids
-        cfg = self.config
+
+    def _verify(self, turn: Turn) -> None:
+        """Decide on the new prompt's token ids what of a taken handle P may reuse."""
+        if turn.handle is None:
+            return
+        ids, cfg = turn.prompt_ids, self.config
         if ids is None:
             reuse = None
         elif turn.handle.released and not self.paths.adaptive:
@@ -160,8 +168,10 @@ class Router(Serving):
             tokens = data.get("tokens")  # a shape check: `decide` rejects non-token ids
             return tokens if isinstance(tokens, list) else None
 
-        try:
-            return await self.on_prefill(turn, call, first=turn.p_ep)
+        candidates = self.prefill.candidates()
+        first = turn.p_ep or min(candidates, key=lambda e: (e.work, e.inflight), default=None)
+        try:  # any P tokenizes alike: the least busy, with no turn at the selection's rotation
+            return await self.on_prefill(turn, call, first=first)
         except ApiError:  # refused, or no P left: verify nothing, compute the whole prompt
             return None
 
@@ -171,13 +181,17 @@ class Router(Serving):
         """The legs for a verified turn (None: nothing verified, the turn is plain P/D)."""
         if turn.reuse is None or turn.handle is None or turn.prompt_ids is None:
             return None
+        prompt = len(turn.prompt_ids)
         p_cached = self.cached(turn).get(turn.p_ep.url, 0) if turn.p_ep is not None else 0
+        reusable = min(turn.reuse.tokens, prompt)
+        d_held = self._held_on_holder(turn, reusable)
         facts = Facts(
-            prompt_tokens=len(turn.prompt_ids),
-            reusable_tokens=min(turn.reuse.tokens, len(turn.prompt_ids)),
+            prompt_tokens=prompt,
+            reusable_tokens=reusable,
             pullable=not turn.handle.released,
-            holder_continues=self._continue_holder(turn) is not None,
-            p_cached_tokens=min(p_cached, len(turn.prompt_ids)),
+            holder_continues=bool(d_held) and self._continue_holder(turn) is not None,
+            p_cached_tokens=min(p_cached, prompt),
+            d_held_tokens=min(d_held, prompt),
         )
         if self.paths.adaptive:
             plan = adaptive_plan(facts, self.paths.model, self.paths.bounds())
@@ -188,6 +202,15 @@ class Router(Serving):
         if plan.declines:
             self.release(turn.decline(), "recompute")
         return plan
+
+    def _held_on_holder(self, turn: Turn, reusable: int) -> int:
+        """What the holder still has of the prompt: the pinned blocks of a live lease at
+        least, and what its KV events say it caches; for a released lease only what the
+        events say (without them nothing is assumed: D may have evicted it all)."""
+        assert turn.handle is not None
+        indexed = self.held_by(turn, turn.handle.decode_url)
+        pinned = 0 if turn.handle.released else reusable
+        return max(pinned, indexed or 0)
 
     def _continue_holder(self, turn: Turn) -> Endpoint | None:
         """The decoder holding the history, if it may serve the turn itself: listed, not

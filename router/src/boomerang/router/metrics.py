@@ -212,6 +212,30 @@ class Metrics:
             p + "lease_errors", "Failed lease API calls to D, by operation.", ["op"], registry=r
         )
         self.leases_renewed = Counter(p + "leases_renewed", "D leases renewed.", registry=r)
+        self.kv_events = Counter(
+            p + "kv_events",
+            "Engine KV cache events applied to the index, by type.",
+            ["type"],
+            registry=r,
+        )
+        self.kv_event_gaps = Counter(
+            p + "kv_event_gaps", "Event batches missed and asked for again.", registry=r
+        )
+        self.kv_index_resyncs = Counter(
+            p + "kv_index_resyncs",
+            "Times an engine's entries were dropped and rebuilt (restart, lost events).",
+            registry=r,
+        )
+        self.kv_index_blocks = Gauge(p + "kv_index_blocks", "Blocks in the KV index.", registry=r)
+        self.kv_index_bytes = Gauge(
+            p + "kv_index_bytes", "Memory the KV index's tables take.", registry=r
+        )
+        self.kv_index_usable = Gauge(
+            p + "kv_index_usable",
+            "1 while the engines hash blocks as the router does (the index is used), else 0.",
+            registry=r,
+        )
+        self.kv_index_usable.set(1)
         self.claims = Counter(
             p + "claims",
             "Claims of D's leases before offering them to P, by answer (unneeded: D's leases "

@@ -50,6 +50,8 @@ class Facts:
     """The decoder holding the history may serve the turn (capability, health, load)."""
     p_cached_tokens: int = 0
     """What the chosen P probably holds of the prompt already (its prefix cache)."""
+    d_held_tokens: int | None = None
+    """What the holder has of the prompt in its cache (None: the verified reusable tokens)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.reusable_tokens <= self.prompt_tokens:
@@ -104,6 +106,7 @@ def _choose(facts: Facts, model: CostModel, bounds: Bounds, holder: bool) -> Cho
         holder,
         facts.pullable,
         p_cached_tokens=min(facts.p_cached_tokens, facts.prompt_tokens),
+        d_held_tokens=facts.d_held_tokens,
     )
     return model.choose(shape, bounds)
 

@@ -31,6 +31,7 @@ from boomerang.router.decode import DecodeResult, call_and_answer
 from boomerang.router.endpoints import Endpoint, Pool, Strategy, partners, prefill_choices
 from boomerang.router.failover import Failover, unavailable
 from boomerang.router.hooks import NoRetention, RetentionHooks
+from boomerang.router.kvevents import Index
 from boomerang.router.metrics import Metrics
 from boomerang.router.paths import PathBook
 from boomerang.router.store import ConversationStore
@@ -58,6 +59,8 @@ class Serving:
     retention: RetentionHooks = field(default_factory=NoRetention)
     claims: Claims | None = None
     """Claims of D's leases before P may pull them (None: never claim, as in unit tests)."""
+    kv: Index | None = None
+    """What every engine holds, from their KV events (`kvevents.py`; None: no index)."""
     affinity: Affinity = field(init=False)
     failover: Failover = field(init=False)
     paths: PathBook = field(init=False)
@@ -74,11 +77,26 @@ class Serving:
 
     # -- the engines of a role -----------------------------------------------------------------
 
+    def indexed(self) -> bool:
+        """Whether the KV index can say what engines hold."""
+        return self.kv is not None and self.kv.usable
+
     def cached(self, turn: Turn) -> Mapping[str, int]:
-        """What each prefill engine probably holds of the turn's prompt (its prefix cache, in
-        whole blocks of the deployment's block size, which its decoders report)."""
+        """What each prefill engine holds of the turn's prompt in its prefix cache: from the KV
+        index when the prompt's ids are known, else what the conversation's last turn left on
+        its P (in whole blocks of the deployment's block size, which its decoders report)."""
+        if self.kv is not None and turn.prompt_ids is not None and self.kv.usable:
+            found = self.kv.cached_tokens(turn.prompt_ids, self.prefill.endpoints)
+            if found:
+                return found
         sizes = [ep.block_size for ep in self.decode.endpoints.values() if ep.block_size]
         return cached_tokens(turn.placement, sizes[0] if sizes else None)
+
+    def held_by(self, turn: Turn, url: str) -> int | None:
+        """How many leading tokens of the prompt decoder `url` holds (None: unknown)."""
+        if self.kv is None or turn.prompt_ids is None or not self.kv.usable:
+            return None
+        return self.kv.cached_tokens(turn.prompt_ids, [url]).get(url)
 
     def pick_prefill(self, turn: Turn, candidates: Sequence[Endpoint]) -> Endpoint:
         """The prefill engine for the turn: one with a decoder of its revision (and one that
