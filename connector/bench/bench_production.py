@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import os
 import tempfile
@@ -54,7 +53,7 @@ from bench_ttft import REPO
 
 from boomerang.connector.config import LEASE_PATH
 from boomerang.connector.model import corpus, model_dir
-from boomerang.local import calibrate, processes, stack
+from boomerang.local import calibrate, placement, processes, stack
 from boomerang.local.engine_client import scrape, totals
 
 BY_SOURCE = "vllm:prompt_tokens_by_source_total"
@@ -91,6 +90,8 @@ REGIMES: dict[str, Regime] = {
     "2p1d": Regime(prefill=2),
     "2p2d": Regime(prefill=2, decode=2),
 }
+"""`2p2d` needs three cores (a decoder spins on its core while it retains blocks, so each gets
+its own: `boomerang.local.placement`); on two cores the local runtime refuses it."""
 
 
 def conversations(n: int) -> dict[str, Any]:
@@ -113,13 +114,14 @@ def conversations(n: int) -> dict[str, Any]:
 
 
 def manifest(regime: Regime, bidirectional: bool) -> Any:
-    """examples/local-cpu.yaml with P's prefix cache on, the regime's KV size, the mode's
-    transfer direction."""
+    """examples/local-cpu.yaml with P's prefix cache on, the regime's replicas and KV size, the
+    mode's transfer direction."""
     from boomerang.operator.api import DisaggregatedDeployment
 
     data = yaml.safe_load((REPO / "examples" / "local-cpu.yaml").read_text())
     spec = data["spec"]
     spec["prefill"]["prefixCaching"] = True
+    spec["prefill"]["replicas"], spec["decode"]["replicas"] = regime.prefill, regime.decode
     spec["kvTransfer"]["bidirectional"] = bidirectional
     if regime.blocks is not None:
         spec["model"]["maxModelLen"] = 8192
@@ -142,45 +144,43 @@ class Engines:
         return stack.read_lease_token(self.run_dir)
 
 
-def ports(role: str, i: int) -> stack.LocalPorts:
-    """Replica i of a role: its own HTTP and NIXL side-channel ports."""
-    return stack.LocalPorts(
-        router=38080,
-        prefill=38100 + 10 * i,
-        decode=38200 + 10 * i,
-        prefill_side_channel=35600 + i,
-        decode_side_channel=35700 + i,
-    )
+PORTS = stack.LocalPorts(
+    router=38080,
+    prefill=38100,
+    decode=38200,
+    prefill_side_channel=35600,
+    decode_side_channel=35700,
+)
+"""The benchmark's own ports (replica i of a role adds i): apart from `boomerang up`'s."""
 
 
 @contextlib.contextmanager
-def engines(regime: Regime, bidirectional: bool, venv: Path, log: Any) -> Iterator[Engines]:
-    dd = manifest(regime, bidirectional)
+def engines(dd: Any, venv: Path, log: Any = print) -> Iterator[Engines]:
+    """Every engine replica `dd` asks for, placed as `boomerang up` places them (ports and a
+    core per replica, `boomerang.local.placement`), lease API on; stopped on exit."""
     run_dir = Path(tempfile.mkdtemp(prefix="boomerang-bench-production-"))
     env = dict(os.environ)
     stack.build_model(venv, dd.spec.model.source, env)
     token = stack.read_lease_token(run_dir)
     es = Engines(dd, run_dir)
-    specs = []
-    for role, count in (("prefill", regime.prefill), ("decode", regime.decode)):
-        for i in range(count):
-            p = ports(role, i)
-            spec = stack.engine_spec(
-                dd,
-                role,
-                engine_venv=venv,
-                ports=p,
-                run_dir=run_dir,
-                base_env=env,
-                lease_token=token,
-            )  # type: ignore[arg-type]
-            specs.append(
-                dataclasses.replace(spec, name=f"{role}{i}", log=run_dir / f"{role}{i}.log")
-            )
-            (es.prefill if role == "prefill" else es.decode).append(
-                f"http://127.0.0.1:{p.http(role)}"  # type: ignore[arg-type]
-            )
-    log(f"starting {len(specs)} engines (bidirectional {bidirectional}), logs in {run_dir}")
+    replicas = placement.plan(stack.replica_counts(dd), PORTS, sorted(os.sched_getaffinity(0)))
+    specs = [
+        stack.engine_spec(
+            dd,
+            r.role,
+            engine_venv=venv,
+            ports=PORTS,
+            run_dir=run_dir,
+            base_env=env,
+            lease_token=token,
+            index=r.index,
+            cpu=r.cpu,
+        )
+        for r in replicas
+    ]
+    for r in replicas:
+        (es.prefill if r.role == "prefill" else es.decode).append(r.url)
+    log(f"starting {len(specs)} engines, logs in {run_dir}")
     try:
         for spec in specs:
             es.pids.append(processes.spawn(spec).pid)
@@ -192,26 +192,22 @@ def engines(regime: Regime, bidirectional: bool, venv: Path, log: Any) -> Iterat
             processes.stop(pid, timeout=30)
 
 
-def router_config(es: Engines, mode: Mode, timeouts: dict[str, float], port: int) -> Any:
-    cfg = stack.router_settings(
+def router_config(es: Engines, overrides: dict[str, Any], port: int) -> Any:
+    return stack.router_settings(
         es.dd,
-        ports("router", 0),
+        PORTS,
         listen_port=port,
-        timeouts=timeouts,
         lease_token_file=str(stack.lease_token_file(es.run_dir)),
         log_json=True,
-        **mode.router,
+        **overrides,
     )
-    cfg["prefill"] = {"urls": es.prefill}
-    cfg["decode"] = {"urls": es.decode}
-    return cfg
 
 
 @contextlib.contextmanager
-def router(es: Engines, name: str, mode: Mode, timeouts: dict[str, float]) -> Iterator[str]:
-    port = 38080
+def router(es: Engines, name: str, overrides: dict[str, Any], port: int = 38080) -> Iterator[str]:
+    """A router process with the rendered config plus `overrides`, ready with P and D."""
     cfg_file = es.run_dir / f"router-{name}.yaml"
-    cfg_file.write_text(yaml.safe_dump(router_config(es, mode, timeouts, port)))
+    cfg_file.write_text(yaml.safe_dump(router_config(es, overrides, port)))
     spec = stack.router_spec(name, cfg_file, port, es.run_dir, dict(os.environ))
     pid = processes.spawn(spec).pid
     try:
@@ -327,7 +323,8 @@ def one_run(s: Sitting, es: Engines, regime: str, name: str, timing: dict[str, A
     lines = corpus(seed=1000 + s.serial, lines=6000)
     (work / "text.txt").write_text("\n".join(lines) + "\n")
     release_retained(es)
-    with router(es, f"{regime}-{name}", MODES[name], timing["timeouts"]) as url:
+    overrides = {**MODES[name].router, "timeouts": timing["timeouts"]}
+    with router(es, f"{regime}-{name}", overrides) as url:
         before = {"p": token_sources(es.prefill), "d": token_sources(es.decode)}
         sampler = Sampler(es)
         sampler.start()
@@ -397,8 +394,8 @@ def timing_for(s: Sitting, es: Engines, regime: Regime) -> dict[str, Any]:
 def regime_runs(s: Sitting, regime: str) -> None:
     spec = REGIMES[regime]
     for names in order(s.args.modes, s.args.rounds):
-        bidirectional = MODES[names[0]].bidirectional
-        with engines(spec, bidirectional, s.venv, s.log) as es:
+        dd = manifest(spec, MODES[names[0]].bidirectional)
+        with engines(dd, s.venv, s.log) as es:
             timing = timing_for(s, es, spec)
             for name in names:
                 one_run(s, es, regime, name, timing)
@@ -432,7 +429,7 @@ def print_tables(res: dict[str, Any]) -> None:
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--regimes", default=",".join(REGIMES))
+    ap.add_argument("--regimes", default="spare,pressure,2p1d", help="also: 2p2d (3+ cores)")
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--conversations", type=int, default=24)

@@ -31,6 +31,9 @@ RETAINED_FRACTION: Final = "retained_fraction"
 """Of the decoders' KV blocks, the share the router's leases hold (None when not known)."""
 RETAINED_BLOCK_SECONDS: Final = "retained_block_seconds"
 LEASES: Final = "leases"
+KV_INDEX: Final = "kv_index"
+"""What the router's index of the engines' KV holds: `usable`, `blocks`, `bytes`, and per engine
+URL its block count (`engines`)."""
 
 REQUIRED: Final = (MODE, PATH_COUNTS, BREAK_EVEN_TOKENS, RETENTION_S, RETAINED_BLOCKS)
 

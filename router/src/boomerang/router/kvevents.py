@@ -142,6 +142,21 @@ class Index:
         found = self.blocks.prefixes(hashes, bits.values())
         return {u: found.get(b, 0) * size for u, b in bits.items()}
 
+    def summary(self) -> dict[str, Any]:
+        """The index in the router's state document (`router_state.KV_INDEX`)."""
+        counts = self.blocks.counts()
+        engines = {
+            u: counts.get(b, 0)
+            for u in self.engines.urls()
+            if (b := self.engines.known(u)) is not None
+        }
+        return {
+            "usable": self.usable,
+            "blocks": len(self.blocks),
+            "bytes": self.blocks.nbytes,
+            "engines": engines,
+        }
+
     def publish(self) -> None:
         self._metrics.kv_index_blocks.set(len(self.blocks))
         self._metrics.kv_index_bytes.set(self.blocks.nbytes)

@@ -134,6 +134,17 @@ class BlockIndex:
             self._count += 1
         return dropped
 
+    def counts(self) -> dict[int, int]:
+        """Blocks held per engine bit (a pass over the table: for status, not per turn)."""
+        found: dict[int, int] = {}
+        for k, v in zip(self._keys, self._vals, strict=True):
+            while k and v:
+                low = v & -v
+                bit = low.bit_length() - 1
+                found[bit] = found.get(bit, 0) + 1
+                v ^= low
+        return found
+
     def prefixes(self, hashes: Sequence[int], bits: Iterable[int]) -> dict[int, int]:
         """For each engine bit, how many leading blocks of `hashes` it holds."""
         alive = 0

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from boomerang.connector import router_state
 from boomerang.router import conversation as conv
 from boomerang.router import protocol
 from boomerang.router.affinity import Affinity, Placement, cached_tokens
@@ -73,7 +74,8 @@ class Serving:
     def state(self) -> dict[str, Any]:
         """What is in force (`GET /boomerang/v1/state`): mode, break-even, paths taken, the
         cost model's coefficients, and retention's part."""
-        return {**self.paths.state(), **self.retention.state()}
+        kv = {router_state.KV_INDEX: self.kv.summary()} if self.kv is not None else {}
+        return {**self.paths.state(), **self.retention.state(), **kv}
 
     # -- the engines of a role -----------------------------------------------------------------
 

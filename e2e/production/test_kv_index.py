@@ -1,0 +1,70 @@
+"""The router's KV index on real engines: two prefill engines and a decoder publish their KV
+events, and a prompt goes to the P that holds its prefix.
+
+Conversations share a long system prompt. The first lands on some P; from then on the index
+knows that P holds the system prompt's blocks, so every later conversation's first turn goes
+there too and P serves those blocks from its own cache (vLLM's `local_cache_hit` tokens), as a
+single P would. Two router replicas build the same index from the same events; every answer
+equals a single engine's on the same prompt (greedy, float32).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import pdclient
+import pytest
+from production.stacks import answer, completion, manifest
+
+from boomerang.connector import router_state
+from boomerang.local.engine_client import totals
+
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
+SYSTEM = 1024  # eight whole blocks shared by every conversation
+CONVERSATIONS = 6
+
+
+@pytest.fixture(scope="module")
+def engines(stack_of: Any) -> Any:
+    return stack_of(manifest(prefill={"replicas": 2}))
+
+
+def cache_hits(urls: list[str]) -> float:
+    by = "vllm:prompt_tokens_by_source_total"
+    return sum(totals(pdclient.scrape(u), by, "source").get("local_cache_hit", 0.0) for u in urls)
+
+
+def index_of(router: str) -> dict[str, Any]:
+    return pdclient.get_json(router + router_state.PATH).get(router_state.KV_INDEX) or {}
+
+
+def test_prompts_go_where_their_prefix_is_and_replicas_agree(engines: Any) -> None:
+    import bench_production
+
+    model = engines.dd.spec.model.served_name
+    rng = random.Random(3)
+    system = [rng.randrange(16, 8000) for _ in range(SYSTEM)]
+    prompts = [system + [rng.randrange(16, 8000) for _ in range(40)] for _ in range(CONVERSATIONS)]
+    before = cache_hits(engines.prefill)
+    with (
+        bench_production.router(engines, "a", {}, port=38081) as a,
+        bench_production.router(engines, "b", {}, port=38082) as b,
+    ):
+        answers = []
+        for i, prompt in enumerate(prompts):
+            answers.append(answer(completion(a, model, prompt, f"c{i}")))
+            deadline = time.monotonic() + 10  # the events of this turn reach the index
+            while time.monotonic() < deadline and not index_of(a).get("blocks"):
+                time.sleep(0.1)
+        hits = cache_hits(engines.prefill) - before
+        # A single P serves the system prompt from its cache on every conversation but the first.
+        assert hits >= 0.9 * SYSTEM * (CONVERSATIONS - 1), hits
+        assert index_of(a)["usable"] and index_of(a)["blocks"] > 0
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and index_of(a)["engines"] != index_of(b)["engines"]:
+            time.sleep(0.5)
+        assert index_of(a)["engines"] == index_of(b)["engines"]
+    for prompt, got in zip(prompts, answers, strict=True):
+        assert got[0] == answer(completion(engines.prefill[0], model, prompt, None))[0]
