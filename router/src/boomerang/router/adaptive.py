@@ -8,7 +8,7 @@ model (`paths.py`) for its path:
   and the P/D flow computes the whole prompt on P;
 - continue: the turn goes straight to the decoder that holds (or, for a handle whose lease
   was released, held) the history, with empty
-  KV-transfer intent (`protocol.continue_request`), streamed as the client asked (the decode
+  KV-transfer intent (`apis.continue_request`), streamed as the client asked (the decode
   mode is chosen as for D after P). D answers with a fresh handle, filed as after any D leg;
   then the old one is superseded. If D fails before the client got a byte, the turn is served
   on P and D instead, with the handle still unused (P never saw it): pull when the holder
@@ -41,12 +41,12 @@ from typing import Any, Final
 from aiohttp import web
 
 from boomerang.connector.config import CONTINUE_CAPABILITY
+from boomerang.router import apis
 from boomerang.router import conversation as conv
-from boomerang.router import protocol
+from boomerang.router.apis import DecodeResult
 from boomerang.router.capabilities import DecodeMode, decode_mode, observe_stream
 from boomerang.router.config import RouterConfig
 from boomerang.router.costmodel import Path
-from boomerang.router.decode import DecodeResult
 from boomerang.router.endpoints import Endpoint, Pool, Strategy
 from boomerang.router.failover import Failover
 from boomerang.router.hooks import RetentionHooks
@@ -126,8 +126,9 @@ class AdaptivePaths:
     ) -> web.StreamResponse | UpstreamError:
         """The turn on the holder alone; its failure when it failed before the client got a
         byte (after that, a stream ends with an in-band error as any D's does)."""
-        mode = decode_mode(turn.req.stream, holder, self.config, time.time())
-        body = protocol.continue_request(turn.req.body, stream=mode == "stream")
+        api = apis.of(turn.req.kind)
+        mode = decode_mode(turn.req.stream, holder, self.config, time.time(), api.can_buffer)
+        body = apis.continue_request(api, turn.req.body, stream=mode == "stream")
         turn.decode_url = holder.url
         start = time.perf_counter()
         try:
@@ -149,7 +150,7 @@ class AdaptivePaths:
                 assert turn.prompt_ids is not None and turn.reuse is not None
                 computed = len(turn.prompt_ids) - turn.reuse.tokens
                 self.paths.observe_continue(computed, turn.first_at - start)
-            if result.finished:
+            if result.finished and api.can_buffer:
                 observe_stream(holder, result.params is not None, time.time())
         if result.finished and await settle(self._file(turn, result, holder)):
             self._release(turn.supersede(), "superseded")

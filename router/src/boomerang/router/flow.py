@@ -30,12 +30,13 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from boomerang.router import apis, degraded, protocol
 from boomerang.router import conversation as conv
-from boomerang.router import degraded, protocol
 from boomerang.router.adaptive import AdaptivePaths
+from boomerang.router.apis import DecodeResult
 from boomerang.router.capabilities import DecodeMode, decode_mode, observe_stream
 from boomerang.router.config import RouterConfig
-from boomerang.router.decode import DecodeResult, call_and_answer
+from boomerang.router.decode import call_and_answer
 from boomerang.router.endpoints import (
     Endpoint,
     Pool,
@@ -60,7 +61,6 @@ from boomerang.router.validation import ClientRequest
 
 log = logging.getLogger("boomerang.router")
 UNPAIRED = "no prefill and decode engines of one engine revision (a rollout is under way)"
-PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 T = TypeVar("T")
 Call = Callable[[Endpoint], Awaitable[T]]
 BeforeRetry = Callable[[UpstreamError], Awaitable[None]]
@@ -140,7 +140,7 @@ class Router(AdaptivePaths):
         """Decide on the new prompt's token ids what of a taken handle P may reuse."""
         if turn.handle is None:
             return
-        ids = protocol.known_prompt_ids(turn.req)
+        ids = apis.of(turn.req.kind).known_prompt_ids(turn.req)
         if ids is None:
             ids = await self._tokenize(turn)
         turn.prompt_ids = ids
@@ -165,20 +165,21 @@ class Router(AdaptivePaths):
         return holder is not None and not holder.ejected and holder.lost_at < made_at
 
     async def _tokenize(self, turn: Turn) -> list[int] | None:
-        """The new prompt's ids from a prefill engine; None when no P could say."""
-        body = protocol.tokenize_request(turn.req)
-        if body is None:
+        """The new prompt's ids from a prefill engine (`/tokenize`, or the API's render
+        endpoint); None when no P could say."""
+        api = apis.of(turn.req.kind)
+        if (render := api.prompt_ids_request(turn.req)) is None:
             return None
+        path, body = render
         t = self.config.timeouts
         limit = timeout(t.tokenize_s, t.connect_s)
 
         async def call(p_ep: Endpoint) -> list[int] | None:
             start = time.perf_counter()
             rid = turn.engine_request_id("t")
-            data = await post_json(self.engines, p_ep.url + "/tokenize", body, limit, rid)
+            data = await post_json(self.engines, p_ep.url + path, body, limit, rid)
             self.metrics.tokenize_latency.observe(time.perf_counter() - start)
-            tokens = data.get("tokens")  # a shape check: `decide` rejects non-token ids
-            return tokens if isinstance(tokens, list) else None
+            return api.prompt_ids_from(data)  # a shape check: `decide` rejects non-token ids
 
         try:
             return await self._on_prefill(turn, call, first=turn.p_ep)
@@ -210,14 +211,15 @@ class Router(AdaptivePaths):
         if holder is not None and not compatible(p_ep, holder):
             turn.detach()  # P cannot pull from a decoder of another engine revision
         attached = turn.attach()
-        body = protocol.prefill_request(turn.req.body, attached)
+        api = apis.of(turn.req.kind)
+        body = api.prefill_request(turn.req.body, attached)
         t = self.config.timeouts
         start = time.perf_counter()
         try:
             with self.prefill.track(p_ep, self._work(turn)):
                 data = await post_json(
                     self.engines,
-                    p_ep.url + PATHS[turn.req.kind],
+                    p_ep.url + api.path,
                     body,
                     timeout(t.prefill_s, t.connect_s),
                     turn.engine_request_id("p"),
@@ -264,8 +266,9 @@ class Router(AdaptivePaths):
     async def _decode_once(
         self, request: web.Request, turn: Turn, p_params: dict[str, Any], d_ep: Endpoint
     ) -> web.StreamResponse:
-        mode = decode_mode(turn.req.stream, d_ep, self.config, time.time())
-        body = protocol.decode_request(turn.req.body, p_params, stream=mode == "stream")
+        api = apis.of(turn.req.kind)
+        mode = decode_mode(turn.req.stream, d_ep, self.config, time.time(), api.can_buffer)
+        body = api.decode_request(turn.req.body, p_params, stream=mode == "stream")
         start = time.perf_counter()
         with self.decode.track(d_ep, 1.0):
             result = await self._answer(request, turn, d_ep, body, mode)
@@ -274,7 +277,7 @@ class Router(AdaptivePaths):
         prompt_ids = turn.prompt_ids or result.prompt_ids
         if mode == "stream" and turn.first_at and prompt_ids is not None:
             self.paths.observe_decode_first(len(prompt_ids), turn.first_at - start)
-        if mode == "stream" and result.finished:
+        if mode == "stream" and result.finished and api.can_buffer:
             observe_stream(d_ep, result.params is not None, time.time())
         if result.finished:
             await settle(self._file(turn, result, d_ep))
@@ -293,7 +296,7 @@ class Router(AdaptivePaths):
         """Call `ep` (D; one engine alone: stage `s`; the holder continuing: `c`) and answer
         the client."""
         rid = turn.engine_request_id("s" if turn.alone else stage)
-        call = (ep.url + PATHS[turn.req.kind], body, rid)
+        call = (ep.url + apis.of(turn.req.kind).path, body, rid)
         t = self.config.timeouts
         return await call_and_answer(
             request, self.engines, call, turn.req, mode, t, lambda: self._on_first(turn)
@@ -350,7 +353,7 @@ class Router(AdaptivePaths):
         )
         turn.alone = role
         turn.detach()
-        body = protocol.plain_request(turn.req.body)
+        body = apis.of(turn.req.kind).plain_request(turn.req.body)
         mode: DecodeMode = "stream" if turn.req.stream else "json"
         pool = self.prefill if role == "prefill" else self.decode
 
@@ -404,7 +407,8 @@ class Router(AdaptivePaths):
         """A prefill's expected work in tokens (estimated from the text before tokenizing)."""
         if turn.prompt_ids is not None:
             return float(len(turn.prompt_ids))
-        return len(str(turn.req.body.get("messages") or turn.req.body.get("prompt"))) / 4
+        body = turn.req.body
+        return len(str(body.get("messages") or body.get("prompt") or body.get("input"))) / 4
 
     async def _finish(self, turn: Turn) -> None:
         """Put back a handle no P received, count the turn's outcome and log it."""
