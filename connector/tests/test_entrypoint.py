@@ -166,5 +166,5 @@ def test_a_template_file_of_a_hub_model_is_left_to_fetch() -> None:
     ],
 )
 def test_template_files_outside_a_readable_model_are_refused(argv: list[str]) -> None:
-    with pytest.raises(UsageError, match="chat template|inside the model"):
+    with pytest.raises(UsageError, match=r"chat template|inside the model"):
         build_command(argv, {})
