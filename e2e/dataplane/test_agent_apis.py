@@ -20,6 +20,8 @@ import pdclient
 import pytest
 from dataplane.turns import LOGPROB_TOL, moved, reuse
 
+from boomerang.local.engine_client import samples
+
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]
 
 MAX_TOKENS = 8
@@ -45,6 +47,12 @@ def router(dataplane) -> str:
 
 def external(plane) -> float:
     return pdclient.external_tokens(pdclient.scrape(plane.p_url))
+
+
+def mismatches(router: str) -> float:
+    """Turns whose P rendered other ids than verification did (the safety net's count)."""
+    name = "boomerang_router_verification_prompt_mismatch_total"
+    return sum(s.value for s in samples(pdclient.scrape(router), name))
 
 
 def check_turn(turn: int, outcome: dict[str, float], pulled: float) -> None:
@@ -126,6 +134,7 @@ def test_responses_agent_loop_reuses_every_turn_and_matches_one_engine(dataplane
                 "output": json.dumps(result),
             }
         )
+    assert mismatches(router) == 0
 
 
 def test_responses_without_a_conversation_id_are_found_by_their_history(dataplane, router):
@@ -227,6 +236,7 @@ def test_messages_agent_loop_reuses_every_turn_and_matches_one_engine(dataplane,
                 "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": result}],
             }
         )
+    assert mismatches(router) == 0
 
 
 def test_messages_refusals_reach_the_client_as_anthropic_errors(dataplane, router):

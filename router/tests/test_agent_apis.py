@@ -338,3 +338,35 @@ async def test_the_anthropic_sdk_reads_messages_streamed_and_not(world: Any) -> 
     assert await w.reuse("hit") == 1
     with pytest.raises(anthropic.BadRequestError):
         await asyncio.to_thread(client.messages.create, model="fake", max_tokens=0, messages=[])
+
+
+# -- adaptive mode: the continue path ----------------------------------------------------------
+
+
+async def test_an_adaptive_router_continues_both_apis_on_the_decoder_holding_them(
+    world: Any,
+) -> None:
+    from test_paths import ADAPTIVE, SLOW_P, router_of, until
+
+    from boomerang.router.protocol import CONTINUE_PARAMS
+
+    w = await world(**ADAPTIVE)
+    router_of(w, SLOW_P)
+    items: list[Any] = [{"role": "user", "content": "hello there"}]
+    msgs: list[Any] = [{"role": "user", "content": "hello there"}]
+    for _ in range(3):
+        _, out = await call(w, RESPONSES, responses_body(items, conversation_id="r"))
+        items += [*out["output"], {"role": "user", "content": "go"}]
+        got = await events(w, MESSAGES, messages_body(msgs, conversation_id="m"))
+        text = "".join(d["delta"]["text"] for n, d in got if n == "content_block_delta")
+        msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": "go"}]
+    d_calls = w.decode[0].calls
+    assert len(w.prefill[0].calls) == 2  # only each conversation's first turn went through P
+    assert [c["kv_transfer_params"] for c in d_calls[2:]] == [CONTINUE_PARAMS] * 4
+    await until(lambda: _count(w, "continue", 4))
+    assert await w.reuse("hit") == 4
+    assert w.fabric.violations == []
+
+
+async def _count(w: Any, path: str, n: float) -> bool:
+    return await w.metric("boomerang_router_path_total", path=path) == n
