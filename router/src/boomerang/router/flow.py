@@ -86,7 +86,7 @@ class Router(AdaptivePaths):
         self.paths = PathBook(self.config, self.metrics)
 
     async def handle(self, request: web.Request, req: ClientRequest, tenant: str) -> Any:
-        """Serve one chat or completion request; returns the response already sent."""
+        """Serve one request (any API, `apis/`); returns the response already sent."""
         turn = Turn(req, tenant)
         try:
             route, why = self._route()  # 1. P then D, or one engine alone
