@@ -92,7 +92,7 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
 def _nullable(node: Any) -> bool:
     """Whether a pydantic property may be null (`X | None`)."""
     alternatives = node.get("anyOf") if isinstance(node, dict) else None
-    return bool(alternatives) and any(alt.get("type") == "null" for alt in alternatives)
+    return isinstance(alternatives, list) and any(alt.get("type") == "null" for alt in alternatives)
 
 
 def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
