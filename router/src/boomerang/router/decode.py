@@ -306,7 +306,7 @@ class StreamRelay:
 
     def _emit_all(self, events: list[bytes]) -> bool:
         """`_emit` each event in order, up to [DONE]; whether it came."""
-        return any(self._emit(data, self._decode(data)) for data in events)
+        return any(self._emit(data, sse.decode(data)) for data in events)
 
     def _emit(self, data: bytes, chunk: Any) -> bool:
         """Collect from one event (`data`, decoded as `chunk`) and queue what the client sees
@@ -402,6 +402,9 @@ class NamedStreamRelay(StreamRelay):
 
     def _error_event(self, message: str, status: int) -> bytes:
         return self._named.error_event(message, status)
+
+    def _emit_all(self, events: list[bytes]) -> bool:
+        return any(self._emit(data, self._decode(data)) for data in events)
 
     def _emit(self, data: bytes, chunk: Any) -> bool:
         name, event = chunk

@@ -28,12 +28,28 @@ DONE = object()
 """Marker yielded for `data: [DONE]`."""
 
 
+def _data_of(block: bytes) -> bytes | None:
+    """The data of one event's lines (None: it has no `data:` line)."""
+    if block.startswith(b"data:") and b"\n" not in block:  # vLLM's: one line
+        return block[5:].lstrip(b" ")
+    lines = [line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:")]
+    return b"\n".join(lines) if lines else None
+
+
+def _block_of(block: bytes) -> bytes | None:
+    """The block itself when it has a `data:` line (None: a comment or keep-alive)."""
+    return block if _data_of(block) is not None else None
+
+
 class EventSplitter:
     """Cuts a byte stream into its events' data as it arrives (an event may span reads and a
     read may end many): each event's `data:` lines joined by newlines, as the SSE spec joins
     them; lines end with LF or CRLF. Events without data (comments, keep-alives) yield none."""
 
     __slots__ = ("_cr", "_pending")
+    _item = staticmethod(_data_of)
+    """What an event block yields: its data (None: none; `BlockSplitter`: the block). The
+    function itself, not a method wrapping it: no extra call per event."""
 
     def __init__(self) -> None:
         self._pending: list[bytes] = []
@@ -80,10 +96,6 @@ class EventSplitter:
         item = self._item
         return [d for block in blocks if (d := item(block)) is not None]
 
-    def _item(self, block: bytes) -> bytes | None:
-        """What an event block yields: its data (None: none; `BlockSplitter`: the block)."""
-        return _data_of(block)
-
     def close(self) -> list[bytes]:
         """The data of an event the stream ended without closing (no blank line after it)."""
         rest = b"".join(self._pending) + (b"\r" if self._cr else b"")
@@ -99,20 +111,10 @@ class BlockSplitter(EventSplitter):
     line (comments, keep-alives) yield none."""
 
     __slots__ = ()
+    _item = staticmethod(_block_of)
 
     def feed(self, data: bytes) -> list[bytes]:
         return self._feed(data)
-
-    def _item(self, block: bytes) -> bytes | None:
-        return block if _data_of(block) is not None else None
-
-
-def _data_of(block: bytes) -> bytes | None:
-    """The data of one event's lines (None: it has no `data:` line)."""
-    if block.startswith(b"data:") and b"\n" not in block:  # vLLM's: one line
-        return block[5:].lstrip(b" ")
-    lines = [line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:")]
-    return b"\n".join(lines) if lines else None
 
 
 def parse_block(block: bytes) -> tuple[str, bytes]:
