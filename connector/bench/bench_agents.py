@@ -19,6 +19,8 @@ two runs' result files compare side by side:
     make bench-agents ARGS="--mode adaptive"         # the same plan, adaptive
     make bench-agents ARGS="--compare connector/bench/agents-static.json \
                                       connector/bench/agents-adaptive.json"
+    make bench-agents ARGS="--api responses"         # the same plan as an agent's Responses
+                                                     # requests (agent_responses.py)
 
 Think times are real-world seconds in the plan and multiplied by `--time-scale` when replayed
 (tens of seconds each would make a CPU run last hours); D's TTL is scaled by the same factor
@@ -43,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import agent_report
+import agent_responses
 import agent_workload as aw
 import machine
 import pdclient
@@ -194,33 +197,47 @@ def run_conversation(
 ) -> list[dict[str, Any]]:
     """Replay one conversation from its (scaled) start; a failed turn ends it."""
     time.sleep(max(t0 + conv.start_s * scale - time.perf_counter(), 0.0))
-    prompt: list[int] = []
+    history: list[Any] = []
+    """Token ids (completions) or input items (responses): the conversation so far."""
     records = []
     for turn in conv.turns:
         time.sleep(turn.think_s * scale)
-        prompt = prompt + turn.ids()
         rid = f"{ctx['label']}-{conv.id}-t{turn.index}"
         rec: dict[str, Any] = {"conversation": conv.id, "turn": turn.index, "kind": turn.kind}
-        rec.update(new_tokens=turn.new_tokens, prompt_tokens=len(prompt), request_id=rid)
+        rec.update(new_tokens=turn.new_tokens, request_id=rid)
         rec["sent_s"] = time.perf_counter() - t0
         try:
-            rec["ttft_s"], out = streamed_turn(
-                ctx, prompt, f"{ctx['label']}-{conv.id}", rid, turn.max_tokens
+            history, rec["ttft_s"], rec["prompt_tokens"] = send_turn(
+                ctx, history, turn, f"{ctx['label']}-{conv.id}", rid
             )
         except (OSError, ValueError, RuntimeError, http.client.HTTPException) as exc:
             rec.update(ttft_s=None, outcome="error", error=str(exc)[:200])
             records.append(rec)
             break
         rec["done_s"] = time.perf_counter() - t0
-        prompt = prompt + out
         print(
             f"{rec['done_s']:6.0f} s  {conv.id} turn {turn.index:2d} {turn.kind:>11} "
-            f"+{turn.new_tokens:4d} -> {len(prompt) - len(out):5d} tokens: "
+            f"+{turn.new_tokens:4d} -> {rec['prompt_tokens']:5d} tokens: "
             f"TTFT {rec['ttft_s'] * 1000:6.0f} ms",
             flush=True,
         )
         records.append(rec)
     return records
+
+
+def send_turn(
+    ctx: dict[str, Any], history: list[Any], turn: aw.PlannedTurn, conv: str, rid: str
+) -> tuple[list[Any], float, int]:
+    """One planned turn in the chosen API: (history with the answer, TTFT, prompt tokens)."""
+    if ctx.get("api") == "responses":
+        items = history + agent_responses.turn_items(turn)
+        ttft, output, prompt_tokens = agent_responses.streamed_turn(
+            ctx, items, conv, rid, turn.max_tokens
+        )
+        return items + output, ttft, prompt_tokens
+    prompt = history + turn.ids()
+    ttft, out = streamed_turn(ctx, prompt, conv, rid, turn.max_tokens)
+    return prompt + out, ttft, len(prompt)
 
 
 def served_turns(log: Path) -> dict[str, dict[str, Any]]:
@@ -278,6 +295,7 @@ def result(
     return {
         "label": args.label,
         "mode": args.mode,
+        "api": args.api,
         "router_overrides": MODES[args.mode],
         "machine": args.header,
         "plan": plan.fingerprint(),
@@ -366,6 +384,7 @@ def start_stack(
         stop_all(pids)
         raise
     ctx.update(router=ctx[args.label], label=args.label, timeout=timeouts["decode_total_s"])
+    ctx["api"] = args.api
     ctx["ttl_s"] = args.ttl
     args.handle_ttl = dd.spec.router_ttl_seconds
     return ctx, pids
@@ -380,7 +399,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     load_before = os.getloadavg()
     ctx, pids = start_stack(args, plan, run_dir)
     try:
-        streamed_turn(ctx, aw.PlannedTurn(1, "first", 32, 0, 8, 0).ids(), "warmup", "warmup", 8)
+        send_turn(ctx, [], aw.PlannedTurn(1, "first", 32, 0, 8, 0), "warmup", "warmup")
         token = stack.read_lease_token(run_dir)
         sampler = KvSampler(ctx["d"], args.sample_s, ctx["router"], token)
         run_ = replay(ctx, plan, args.time_scale, sampler)
@@ -395,6 +414,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--mode", default="static", choices=sorted(MODES), help="router mode")
+    ap.add_argument(
+        "--api",
+        default="completions",
+        choices=("completions", "responses"),
+        help="token-id completions, or an agent's Responses API requests (agent_responses.py)",
+    )
     ap.add_argument("--label", help="name of this run in tables and file names (default: mode)")
     ap.add_argument("--quick", action="store_true", help="8 short conversations (~3 min)")
     ap.add_argument("--seed", type=int, default=aw.WorkloadConfig.seed)
@@ -407,7 +432,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--dry-run", action="store_true", help="print the plan only; no engines")
     ap.add_argument("--compare", nargs="+", type=Path, help="tabulate result files side by side")
     args = ap.parse_args()
-    args.label = args.label or (f"{args.mode}-quick" if args.quick else args.mode)
+    api = "-responses" if args.api == "responses" else ""
+    args.label = args.label or f"{args.mode}{api}" + ("-quick" if args.quick else "")
     if args.time_scale is None:
         args.time_scale = 0.0625 if args.quick else 0.1
     if args.ttl is None:

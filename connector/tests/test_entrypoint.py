@@ -12,7 +12,7 @@ import time
 import pytest
 
 from boomerang.connector import config, model
-from boomerang.connector.entrypoint import UsageError, build_command, resolve_model
+from boomerang.connector.entrypoint import UsageError, build_command, hub_template, resolve_model
 
 KV = json.dumps(config.kv_transfer_config("prefill", config.KVTransferSettings()))
 
@@ -162,3 +162,34 @@ def test_sigterm_is_forwarded_to_the_server_which_drains(tmp_path) -> None:
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=10) == 0
     assert proc.stdout.read().strip() == "drained"
+
+
+def test_a_template_file_in_a_local_model_becomes_its_path(tmp_path) -> None:
+    env = {"BOOMERANG_CACHE": str(tmp_path)}
+    argv = ["--model", "builtin://tiny", "--chat-template", "model://chat_template.jinja"]
+    cmd, _ = build_command(argv, env, "py")
+    folder = tmp_path / "models" / f"tiny-v{model.BUILD_VERSION}"
+    assert cmd[cmd.index("--chat-template") + 1] == f"{folder}/chat_template.jinja"
+    cmd, _ = build_command(["--model=pvc://c/qwen", "--chat-template=model://t/x.jinja"], {}, "py")
+    assert "--chat-template=/models/qwen/t/x.jinja" in cmd
+
+
+def test_a_template_file_of_a_hub_model_is_left_to_fetch() -> None:
+    argv = ["--model", "hf://Qwen/Qwen3-8B", "--chat-template", "model://tool_use.jinja"]
+    cmd, _ = build_command(argv, {}, "py")
+    assert hub_template(cmd) == ("Qwen/Qwen3-8B", "tool_use.jinja")
+    plain, _ = build_command(["--model", "hf://Qwen/Qwen3-8B", "--chat-template", "/t.jinja"], {})
+    assert hub_template(plain) is None
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--model", "builtin://tiny", "--chat-template", "model://../../etc/passwd"],
+        ["--model", "builtin://tiny", "--chat-template", "model:///etc/passwd"],
+        ["--model", "s3://bucket/m", "--chat-template", "model://t.jinja"],
+    ],
+)
+def test_template_files_outside_a_readable_model_are_refused(argv: list[str]) -> None:
+    with pytest.raises(UsageError, match=r"chat template|inside the model"):
+        build_command(argv, {})

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import fake_apis
 import fake_leases
 from aiohttp import web
 from fake_fabric import Fabric, Held
@@ -123,6 +124,10 @@ class EngineSpec:
     """The `X-Request-Id` of every completion and tokenize call (when `record_calls`)."""
     kv_blocks: int | None = None
     """D's KV blocks in all (`num_gpu_blocks` of `vllm:cache_config_info`; None: not said)."""
+    api_ids: bool = True
+    """Boomerang's plugin on the Responses and Messages endpoints (`fake_apis.py`): their
+    answers to P/D requests carry the prompt's and output's ids, and a streamed Messages
+    answer D's params; False: as vLLM 0.32 alone."""
     lease_api: bool = True
     """Serve the lease API of Boomerang's plugin (`fake_leases.py`); False: 404, no plugin."""
     lease_token: str | None = None
@@ -155,6 +160,7 @@ class FakeEngine:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/metrics", self._metrics)
         fake_leases.add_routes(app, self.spec)
+        fake_apis.add_routes(app, self)
         return app
 
     async def _metrics(self, request: web.Request) -> web.Response:
@@ -269,6 +275,17 @@ class FakeEngine:
     def _prefill(
         self, body: dict[str, Any], ids: list[int], params: dict[str, Any] | None, rid: str
     ) -> dict[str, Any]:
+        out = completion_response(
+            body, rid, "x", [ids[-1] % 97], "length", ids, body.get("return_token_ids")
+        )
+        out["kv_transfer_params"] = self.prefill(body, ids, params, rid)
+        return out
+
+    def prefill(
+        self, body: dict[str, Any], ids: list[int], params: dict[str, Any] | None, rid: str
+    ) -> dict[str, Any]:
+        """P's part of a turn (`body` with the chat fields): pull what a handle names, hold
+        the prompt's blocks for D; P's params."""
         fab = self.spec.fabric
         if body.get("stream") or body.get("max_tokens") != 1:
             fab.violations.append("prefill got a streaming or multi-token request")
@@ -277,11 +294,23 @@ class FakeEngine:
                 fab.violations.append("handle sent to a prefill engine without bidirectional")
             _read(fab, params, ids, "prefill")
         blocks = self._hold(rid, list(ids), time.perf_counter() + self.spec.lease_s)
-        out = completion_response(
-            body, rid, "x", [ids[-1] % 97], "length", ids, body.get("return_token_ids")
-        )
-        out["kv_transfer_params"] = self._params(rid, blocks, len(ids), None, is_d=False)
-        return out
+        return self._params(rid, blocks, len(ids), None, is_d=False)
+
+    def generate(
+        self, body: dict[str, Any], ids: list[int], params: dict[str, Any] | None, rid: str
+    ) -> tuple[str, list[int], str, str, dict[str, Any] | None]:
+        """D's part of a turn (or one engine's): read P's blocks, generate, hold prompt +
+        output minus the last token; (content, output ids, finish, reasoning, D's params)."""
+        if params and params.get("do_remote_prefill"):
+            _read(self.spec.fabric, params, ids, "decode")
+        content, out_ids, finish, reasoning = self._generate(body, ids)
+        d_params = None
+        if params and self.spec.bidirectional:
+            n = len(ids) + len(out_ids) - 1
+            expiry = time.perf_counter() + self.spec.decoder_ttl_s
+            blocks = self._hold(rid, (ids + out_ids)[:n], expiry)
+            d_params = self._params(rid, blocks, n, expiry, is_d=True)
+        return content, out_ids, finish, reasoning, d_params
 
     def _generate(self, body: dict[str, Any], ids: list[int]) -> tuple[str, list[int], str, str]:
         """(content, output ids, finish reason, reasoning)."""
@@ -303,16 +332,7 @@ class FakeEngine:
         params: dict[str, Any] | None,
         rid: str,
     ) -> web.StreamResponse:
-        fab = self.spec.fabric
-        if params and params.get("do_remote_prefill"):
-            _read(fab, params, ids, "decode")
-        content, out_ids, finish, reasoning = self._generate(body, ids)
-        d_params = None
-        if params and self.spec.bidirectional:
-            n = len(ids) + len(out_ids) - 1
-            expiry = time.perf_counter() + self.spec.decoder_ttl_s
-            blocks = self._hold(rid, (ids + out_ids)[:n], expiry)
-            d_params = self._params(rid, blocks, n, expiry, is_d=True)
+        content, out_ids, finish, reasoning, d_params = self.generate(body, ids, params, rid)
         want_ids = body.get("return_token_ids")
         if not body.get("stream"):
             out = completion_response(body, rid, content, out_ids, finish, ids, want_ids, reasoning)

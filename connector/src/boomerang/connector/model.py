@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-BUILD_VERSION = 2
+BUILD_VERSION = 3
 """Bump when anything below changes what gets built: it is part of the cache path."""
 SEED = 20261129
 VOCAB_SIZE = 8192
@@ -35,25 +35,66 @@ MAX_POSITIONS = 16384
 BOS, EOS, PAD = "<|bos|>", "<|eot|>", "<|pad|>"
 USER, ASSISTANT, SYSTEM = "<|user|>", "<|assistant|>", "<|system|>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, USER, ASSISTANT, SYSTEM]
+TEMPLATE_FILE = "chat_template.jinja"
+MARKERS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
+"""Qwen3's and Hermes' reasoning and tool-call markers, one token each and not special (they
+stay in the text the parsers read), so vLLM's `qwen3` reasoning parser and `hermes` tool-call
+parser can serve the model; the last ids of the vocabulary."""
 
 # One turn per message: role marker, content, end-of-turn; the generation prompt opens an
 # assistant turn. Content is not stripped, so text the client sent is exactly what is tokenised.
 # Like Qwen3's and GLM's templates, an assistant message before the last user message loses its
 # reasoning (everything up to `</think>`): the next turn's prompt then differs from the ids the
-# decoder generated, which is what the partial-reuse tests need to reproduce.
+# decoder generated, which is what the partial-reuse tests need to reproduce. In Qwen3's shape
+# for the parsers: tools listed in the system turn, an assistant's tool calls as
+# `<tool_call>{"name": ..., "arguments": ...}</tool_call>`, tool results as `<tool_response>`
+# blocks in one user turn, reasoning (a message's `reasoning_content` or `reasoning`) as a
+# `<think>` block on assistant turns after the last user message.
 CHAT_TEMPLATE = (
     "{%- set ns = namespace(last_user=-1) -%}"
     "{%- for m in messages -%}"
     "{%- if m['role'] == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}"
     "{%- endfor -%}"
     "{{ bos_token }}"
+    "{%- set first_system = messages and messages[0]['role'] == 'system' -%}"
+    "{%- if tools -%}"
+    "{{ '<|system|>\\n' }}"
+    "{%- if first_system -%}{{ messages[0]['content'] + '\\n\\n' }}{%- endif -%}"
+    "{{ '# Tools\\n<tools>' }}"
+    "{%- for tool in tools -%}{{ '\\n' + (tool | tojson) }}{%- endfor -%}"
+    '{{ \'\\n</tools>\\nCall a tool as <tool_call>{"name": ..., "arguments": ...}'
+    "</tool_call>.<|eot|>\\n' }}"
+    "{%- endif -%}"
     "{%- for message in messages -%}"
-    "{%- set content = message['content'] -%}"
-    "{%- if message['role'] == 'assistant' and loop.index0 < ns.last_user"
-    " and '</think>' in content -%}"
+    "{%- set role = message['role'] -%}"
+    "{%- set content = message['content'] or '' -%}"
+    "{%- if tools and loop.first and role == 'system' -%}"
+    "{%- elif role == 'tool' -%}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' -%}"
+    "{{ '<|user|>' }}{%- endif -%}"
+    "{{ '\\n<tool_response>\\n' + content + '\\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' -%}"
+    "{{ '<|eot|>\\n' }}{%- endif -%}"
+    "{%- elif role == 'assistant' -%}"
+    "{%- set reasoning = message.get('reasoning_content') or message.get('reasoning') or '' -%}"
+    "{%- if loop.index0 < ns.last_user and '</think>' in content -%}"
     "{%- set content = content.split('</think>')[-1].lstrip('\\n') -%}"
     "{%- endif -%}"
-    "{{ '<|' + message['role'] + '|>\\n' + content + '<|eot|>\\n' }}"
+    "{{ '<|assistant|>\\n' }}"
+    "{%- if reasoning and loop.index0 > ns.last_user -%}"
+    "{{ '<think>\\n' + reasoning + '\\n</think>\\n\\n' }}"
+    "{%- endif -%}"
+    "{{ content }}"
+    "{%- for call in message.get('tool_calls') or [] -%}"
+    "{%- set fn = call['function'] if call['function'] is defined else call -%}"
+    "{%- set args = fn['arguments'] if fn['arguments'] is string else fn['arguments'] | tojson -%}"
+    "{{ '\\n<tool_call>\\n{\"name\": \"' + fn['name'] + '\", \"arguments\": ' + args + '}"
+    "\\n</tool_call>' }}"
+    "{%- endfor -%}"
+    "{{ '<|eot|>\\n' }}"
+    "{%- else -%}"
+    "{{ '<|' + role + '|>\\n' + content + '<|eot|>\\n' }}"
+    "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{ '<|assistant|>\\n' }}{%- endif -%}"
 )
@@ -108,19 +149,20 @@ def corpus(seed: int = SEED, lines: int = 4000) -> Iterator[str]:
 
 def train_tokenizer(out: Path) -> None:
     """Train a byte-level BPE tokenizer and save it as a transformers fast tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=VOCAB_SIZE - len(MARKERS),
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(corpus(), trainer=trainer)
+    tok.add_tokens([AddedToken(m, special=False, normalized=False) for m in MARKERS])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=BOS,
@@ -130,6 +172,9 @@ def train_tokenizer(out: Path) -> None:
     )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(out))
+    # Also as a file of its own, whatever the library version does: a manifest may name it
+    # (`spec.model.chatTemplate.file`), as the local one does.
+    (out / TEMPLATE_FILE).write_text(CHAT_TEMPLATE)
 
 
 def llama_config(spec: ModelSpec) -> dict[str, object]:

@@ -10,6 +10,8 @@ How: vLLM calls `register()` in every process at start-up (entry point group
 `vllm.general_plugins`). In the API server it wraps the chat and completion stream generators:
 the engine's `RequestOutput`s are observed on their way in (the last non-empty
 `kv_transfer_params` is kept), and each outgoing SSE event whose choices finished gets the field.
+It makes the Responses and Messages answers of the router's P/D requests carry D's params and
+token ids (`api_ids`: vLLM returns neither ids there, nor params on a streamed Messages answer).
 It also applies two CPU fixes measured on the CPU build (`nixl_quiet`, `cpu_pinning`), makes
 D's worker track the blocks of requests D served alone (`own_requests`: without it vLLM 0.32
 never frees them), lets D's retained leases yield to live work when its KV cache is full
@@ -121,6 +123,7 @@ def register() -> None:
     except ImportError:  # not inside a vLLM process
         return
     from boomerang.connector import (
+        api_ids,
         capability,
         cpu_pinning,
         nixl_quiet,
@@ -143,6 +146,8 @@ def register() -> None:
     if cpu_pinning.apply():
         logger.debug("boomerang: KV transfer thread pinned per BOOMERANG_KV_CPUS")
     _patch_streams(getattr(vllm, "__version__", "0"))
+    for api in api_ids.apply():
+        logger.info("boomerang: %s answers now carry D's params and token ids", api)
 
 
 def _patch_streams(version: str) -> None:

@@ -284,6 +284,39 @@ class ModelCache(_Model):
     )
 
 
+class ConfigMapKeyRef(_Model):
+    """A key inside a ConfigMap in the resource's namespace."""
+
+    name: str = Field(description="ConfigMap name.", min_length=1, max_length=DNS_SUBDOMAIN_MAX)
+    key: str = Field(
+        description="Key inside the ConfigMap (the template file's name in the pod).",
+        pattern=r"^[-._a-zA-Z0-9]+$",
+        max_length=253,
+    )
+
+
+class ChatTemplateRef(_Model):
+    """Where the chat template both roles render prompts with comes from (exactly one)."""
+
+    config_map_key_ref: ConfigMapKeyRef | None = Field(
+        None,
+        description="A ConfigMap key holding the template, mounted into every engine pod. Read "
+        "when an engine starts: to change the template, name another key or ConfigMap (which "
+        "rolls both roles together).",
+    )
+    file: str | None = Field(
+        None,
+        description="A file in the model, relative to its root (e.g. a repository's "
+        "tool-use template): read from the model folder (builtin://, pvc://) or fetched from "
+        "the Hugging Face repository (hf://); not for s3:// models.",
+        min_length=1,
+        max_length=1024,
+    )
+
+
+_PARSER_NAME = r"^[A-Za-z0-9][-_.A-Za-z0-9]*$"
+
+
 class ModelSpec(_Model):
     """What the engines serve."""
 
@@ -308,6 +341,26 @@ class ModelSpec(_Model):
     cache: ModelCache = Field(
         default_factory=lambda: ModelCache(),
         description="The engines' model cache (downloads land there, not in the container).",
+    )
+    tool_call_parser: str | None = Field(
+        None,
+        description="vLLM's tool-call parser for the model (e.g. hermes for Qwen3): requests "
+        "with `tools` are served, and tool calls come back as structured calls. Both roles "
+        "get it.",
+        pattern=_PARSER_NAME,
+        max_length=128,
+    )
+    reasoning_parser: str | None = Field(
+        None,
+        description="vLLM's reasoning parser for the model (e.g. qwen3): reasoning comes back "
+        "apart from the answer. Both roles get it.",
+        pattern=_PARSER_NAME,
+        max_length=128,
+    )
+    chat_template: ChatTemplateRef | None = Field(
+        None,
+        description="The chat template both roles render prompts with; the model's own when "
+        "unset. P and D must render a prompt identically, so it is one setting for both.",
     )
 
 
@@ -740,12 +793,54 @@ def _gpus_rule(role: Role) -> Rule[DisaggregatedDeploymentSpec]:
     )
 
 
+_TEMPLATE = "self.model.chatTemplate"
+
+
+def _one_template_source(s: DisaggregatedDeploymentSpec) -> bool:
+    ref = s.model.chat_template
+    return ref is None or (ref.config_map_key_ref is None) != (ref.file is None)
+
+
+def _template_file_ok(s: DisaggregatedDeploymentSpec) -> bool:
+    ref = s.model.chat_template
+    if ref is None or ref.file is None:
+        return True
+    return not ref.file.startswith("/") and ".." not in ref.file
+
+
 RULES: tuple[Rule[DisaggregatedDeploymentSpec], ...] = (
     Rule(
         cel=f"!{_has('model.source')} || self.model.source.matches('{MODEL_SOURCE_RE}')",
         message=f"spec.model.source must be one of {MODEL_SOURCE_SHAPES} (without spaces)",
         field_path=".model.source",
         check=lambda s: model_source_error(s.model.source) is None,
+    ),
+    Rule(
+        cel=f"!{_has('model.chatTemplate')} || "
+        f"has({_TEMPLATE}.configMapKeyRef) != has({_TEMPLATE}.file)",
+        message="spec.model.chatTemplate must set exactly one of configMapKeyRef and file",
+        field_path=".model.chatTemplate",
+        check=_one_template_source,
+    ),
+    Rule(
+        cel=f"!{_has('model.chatTemplate.file')} || "
+        f"(!{_TEMPLATE}.file.startsWith('/') && !{_TEMPLATE}.file.contains('..'))",
+        message="spec.model.chatTemplate.file must be a path inside the model (relative, "
+        "without ..)",
+        field_path=".model.chatTemplate.file",
+        check=_template_file_ok,
+    ),
+    Rule(
+        cel=f"!{_has('model.chatTemplate.file')} || !{_has('model.source')} || "
+        "!self.model.source.startsWith('s3://')",
+        message="spec.model.chatTemplate.file cannot be read from an s3:// model: name a "
+        "ConfigMap key (configMapKeyRef) instead",
+        field_path=".model.chatTemplate.file",
+        check=lambda s: (
+            s.model.chat_template is None
+            or s.model.chat_template.file is None
+            or not s.model.source.startswith("s3://")
+        ),
     ),
     Rule(
         cel=f"!{_ROUTER_TTL_SET} || duration({_ROUTER_TTL}) > duration('0s')",

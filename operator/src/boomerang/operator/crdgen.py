@@ -7,7 +7,8 @@ written here from `api.py`. A unit test regenerates them in memory and fails, na
 
 Pydantic emits JSON Schema; Kubernetes wants a *structural* OpenAPI v3 schema: every `$ref`
 inlined, no `additionalProperties: false`, nullable optionals expressed as "not required",
-object defaults of `{}` so nested defaults (and the CEL rules that read them) always apply.
+object defaults of `{}` so nested defaults (and the CEL rules that read them) always apply
+(except where the model says an object may be absent, `X | None`: absent means none there).
 """
 
 from __future__ import annotations
@@ -72,8 +73,12 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
             out[key] = _structural(value, defs)
     if out.get("type") == "object" and "properties" in out:
         required = set(out.get("required", []))
+        nullable = {n for n, v in node.get("properties", {}).items() if _nullable(v)}
         for name, prop in out["properties"].items():
-            optional_object = name not in required and prop.get("type") == "object"
+            # `X | None`: absent means none (a chat template of the model's own), not `{}`.
+            optional_object = (
+                name not in required and name not in nullable and prop.get("type") == "object"
+            )
             # A partial Kubernetes object (a pod template override) holds no defaults of ours.
             partial = prop.get("x-kubernetes-preserve-unknown-fields")
             ours = "properties" in prop and not prop.get("required") and not partial
@@ -82,6 +87,12 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
     if "enum" in out and "type" not in out:
         out["type"] = "string"
     return out
+
+
+def _nullable(node: Any) -> bool:
+    """Whether a pydantic property may be null (`X | None`)."""
+    alternatives = node.get("anyOf") if isinstance(node, dict) else None
+    return isinstance(alternatives, list) and any(alt.get("type") == "null" for alt in alternatives)
 
 
 def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ entry the router watches. Why these pod details:
 - EFA needs the `vpc.amazonaws.com/efa` devices, IPC_LOCK to register memory, hugepages;
 - model loading takes minutes: a startup probe with a long budget guards the readiness probe;
 - the config hash annotation rolls pods on any change; the engine revision rolls both roles;
+- a chat template from a ConfigMap key is mounted read-only where `--chat-template` names it;
 - the lease token (the router's key to D's lease API) comes from the deployment's Secret by
   reference, so its value never enters the config hash;
 - decode's RollingUpdate partition holds its pods while prefill rolls (see rollout.py).
@@ -25,7 +26,7 @@ from boomerang.connector.config import (
     Role,
 )
 from boomerang.operator import render
-from boomerang.operator.api import DisaggregatedDeployment
+from boomerang.operator.api import ConfigMapKeyRef, DisaggregatedDeployment
 from boomerang.operator.merge import deep_merge
 
 STARTUP_BUDGET_S = 1800
@@ -249,6 +250,12 @@ def _volumes(dd: DisaggregatedDeployment, role: Role) -> list[dict[str, Any]]:
         )
     if res.hugepages2_mi is not None:
         volumes.append({"name": "hugepages", "emptyDir": {"medium": "HugePages-2Mi"}})
+    template = _template_key(dd)
+    if template is not None:
+        item = {"key": template.key, "path": template.key}
+        volumes.append(
+            {"name": "chat-template", "configMap": {"name": template.name, "items": [item]}}
+        )
     return volumes
 
 
@@ -261,7 +268,17 @@ def _mounts(dd: DisaggregatedDeployment, role: Role) -> list[dict[str, Any]]:
         mounts.append({"name": "models", "mountPath": render.MODELS_DIR, "readOnly": True})
     if render.role_spec(dd, role).resources.hugepages2_mi is not None:
         mounts.append({"name": "hugepages", "mountPath": "/hugepages-2Mi"})
+    if _template_key(dd) is not None:
+        mounts.append(
+            {"name": "chat-template", "mountPath": render.CHAT_TEMPLATE_DIR, "readOnly": True}
+        )
     return mounts
+
+
+def _template_key(dd: DisaggregatedDeployment) -> ConfigMapKeyRef | None:
+    """The ConfigMap key the chat template comes from, if it comes from one."""
+    ref = dd.spec.model.chat_template
+    return ref.config_map_key_ref if ref is not None else None
 
 
 def _affinity(dd: DisaggregatedDeployment, role: Role) -> dict[str, Any]:

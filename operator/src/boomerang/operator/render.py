@@ -24,6 +24,10 @@ ROUTER_CONFIG_KEY = "router.yaml"
 ROUTER_CONFIG_DIR = "/etc/boomerang"
 API_KEYS_DIR = "/etc/boomerang/api-keys"
 MODELS_DIR = "/models"
+CHAT_TEMPLATE_DIR = "/etc/boomerang/chat-template"
+"""Where a chat template from a ConfigMap key is mounted in every engine pod."""
+MODEL_FILE = "model://"
+"""How an engine argument names a file in the model (the entrypoint resolves it)."""
 
 LEASE_TOKEN_ENV = connector.LEASE_TOKEN_ENV
 """Where engines (their lease API) and the router read the lease token."""
@@ -92,8 +96,22 @@ def engine_settings(dd: DisaggregatedDeployment, role: Role) -> EngineSettings:
         dtype=model.dtype,
         tensor_parallel_size=spec.tensor_parallel_size,
         prefix_caching=spec.prefix_caching,
+        tool_call_parser=model.tool_call_parser,
+        reasoning_parser=model.reasoning_parser,
+        chat_template=chat_template_path(dd),
         extra_args=tuple(dd.spec.engine.extra_args) + tuple(spec.extra_args),
     )
+
+
+def chat_template_path(dd: DisaggregatedDeployment) -> str | None:
+    """The chat template as the engine's `--chat-template` names it: the mounted ConfigMap
+    key's file, or `model://<file>` (resolved by the entrypoint); None: the model's own."""
+    ref = dd.spec.model.chat_template
+    if ref is None:
+        return None
+    if ref.config_map_key_ref is not None:
+        return f"{CHAT_TEMPLATE_DIR}/{ref.config_map_key_ref.key}"
+    return f"{MODEL_FILE}{ref.file}"
 
 
 def engine_args(dd: DisaggregatedDeployment, role: Role, **overrides: Any) -> list[str]:
@@ -120,12 +138,24 @@ def user_env(dd: DisaggregatedDeployment, role: Role) -> list[EnvVar]:
 
 
 def engine_revision(dd: DisaggregatedDeployment) -> str:
-    """What P and D must agree on to handshake: the engine build and the connector protocol.
+    """What P and D must agree on to work together: the engine build and the connector
+    protocol (to handshake), and how a prompt is rendered (D decodes on P's KV of P's
+    rendering, and the router verifies reuse on P's): the chat template and the parsers.
 
-    Both roles' pod templates carry it, so changing it rolls both roles together.
+    Both roles' pod templates carry it, so changing it rolls both roles together, and the
+    router pairs P and D of one revision while both run.
     """
-    kv = dd.spec.kv_transfer
-    return stable_hash([dd.spec.engine.image, kv.connector, kv.bidirectional, dd.spec.backend])
+    kv, model = dd.spec.kv_transfer, dd.spec.model
+    template = model.chat_template
+    rendering = [
+        template.model_dump(by_alias=True, exclude_none=True) if template else None,
+        model.tool_call_parser,
+        model.reasoning_parser,
+    ]
+    parts: list[Any] = [dd.spec.engine.image, kv.connector, kv.bidirectional, dd.spec.backend]
+    if any(part is not None for part in rendering):  # unset: the revision of before these fields
+        parts.append(rendering)
+    return stable_hash(parts)
 
 
 def router_config(

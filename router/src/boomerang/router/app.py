@@ -28,7 +28,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from boomerang.connector import router_state
-from boomerang.router import auth, degraded, logs
+from boomerang.router import apis, auth, degraded, failover, logs
 from boomerang.router import conversation as conv
 from boomerang.router.admission import InflightLimit, Overloaded
 from boomerang.router.claims import Claims
@@ -44,8 +44,8 @@ from boomerang.router.leases import LeaseClient, LeaseFailure, Retention
 from boomerang.router.metrics import Metrics
 from boomerang.router.store import ConversationStore, MemoryStore
 from boomerang.router.tuning import TuningReload
-from boomerang.router.upstream import EngineClient, UpstreamError, get_json, timeout
-from boomerang.router.validation import Kind, check_model, parse_json, validate
+from boomerang.router.upstream import EngineClient, UpstreamError, get_json, post_json, timeout
+from boomerang.router.validation import Kind, check_model, parse_json
 
 log = logging.getLogger("boomerang.router")
 
@@ -77,6 +77,10 @@ def create_app(
     app.on_response_prepare.append(_add_request_id)
     app.router.add_post("/v1/chat/completions", _completions("chat"))
     app.router.add_post("/v1/completions", _completions("completion"))
+    app.router.add_post("/v1/responses", _completions("responses"))
+    app.router.add_post("/v1/messages", _completions("messages"))
+    app.router.add_route("*", "/v1/responses/{rest:.*}", _stored_responses)
+    app.router.add_post("/v1/messages/count_tokens", _count_tokens)
     app.router.add_get("/v1/models", _models)
     app.router.add_get("/health", _health)
     app.router.add_get("/ready", _ready)
@@ -260,6 +264,8 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
 
 
 def _completions(kind: Kind) -> Any:
+    api = apis.of(kind)
+
     async def handler(request: web.Request) -> web.StreamResponse:
         config, metrics = request.app[CONFIG], request.app[METRICS]
         outcome = "error"
@@ -267,18 +273,18 @@ def _completions(kind: Kind) -> Any:
             tenant = _tenant(request)
             with request.app[INFLIGHT].slot():
                 data = parse_json(await _read_body(request, config.max_request_bytes))
-                req = validate(kind, data, request.headers.get("X-Conversation-Id"))
+                req = apis.validate(kind, data, request.headers.get("X-Conversation-Id"))
                 check_model(req.model, config.model)
                 router = request.app[ROUTER]
                 response: web.StreamResponse = await router.handle(request, req, tenant)
             outcome = "ok"
             return response
-        except Overloaded:
+        except Overloaded as exc:
             outcome = "overloaded"
-            raise
+            return _error_response(api, exc)
         except ApiError as exc:
             outcome = "client_error" if exc.status < 500 else "unavailable"
-            raise
+            return _error_response(api, exc)
         except (ClientGone, asyncio.CancelledError):
             outcome = "cancelled"
             raise
@@ -286,6 +292,50 @@ def _completions(kind: Kind) -> Any:
             metrics.requests.labels(outcome).inc()
 
     return handler
+
+
+def _error_response(api: apis.Api, exc: ApiError) -> web.Response:
+    """`exc` in the API's own error shape."""
+    return web.json_response(api.error_body(exc), status=exc.status, headers=exc.headers or None)
+
+
+async def _stored_responses(request: web.Request) -> web.StreamResponse:
+    """`/v1/responses/...` (retrieve, cancel, delete, input items, ...): the router stores no
+    response, so none of them can be served."""
+    _tenant(request)
+    raise ApiError(
+        404,
+        f"`{request.method} {request.path}` is not served: this router keeps no responses "
+        "and serves stateless `POST /v1/responses` only (`store: false`, the whole "
+        "conversation in `input`)",
+    )
+
+
+async def _count_tokens(request: web.Request) -> web.StreamResponse:
+    """Anthropic's token count: stateless, answered by one engine (P first) as it would
+    render the request; errors in Anthropic's shape."""
+    api = apis.of("messages")
+    config = request.app[CONFIG]
+    try:
+        _tenant(request)
+        data = parse_json(await _read_body(request, config.max_request_bytes))
+        check_model(data.get("model") if isinstance(data.get("model"), str) else None, config.model)
+        router = request.app[ROUTER]
+        t = config.timeouts
+        limit = timeout(t.tokenize_s, t.connect_s)
+        last: UpstreamError | None = None
+        for ep in [*router.prefill.candidates(), *router.decode.candidates()]:
+            try:
+                answer = await post_json(router.engines, ep.url + request.path, data, limit, None)
+            except UpstreamError as exc:
+                if not exc.retryable:
+                    raise failover.client_error(exc) from None
+                last = exc
+                continue
+            return web.json_response(answer)
+        raise failover.unavailable("prefill", last)
+    except ApiError as exc:
+        return _error_response(api, exc)
 
 
 async def _models(request: web.Request) -> web.StreamResponse:

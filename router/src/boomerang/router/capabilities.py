@@ -48,11 +48,14 @@ def streams_params(ep: Endpoint, now: float) -> bool | None:
     return None
 
 
-def decode_mode(client_stream: bool, ep: Endpoint, config: RouterConfig, now: float) -> DecodeMode:
-    """How to call D for this client (see the module docstring)."""
+def decode_mode(
+    client_stream: bool, ep: Endpoint, config: RouterConfig, now: float, can_buffer: bool = True
+) -> DecodeMode:
+    """How to call D for this client (see the module docstring); an API whose answer cannot
+    be re-emitted from D's JSON (`can_buffer` false: Responses, Messages) always streams."""
     if not client_stream:
         return "json"
-    if not config.bidirectional or config.decode_stream_params == "yes":
+    if not (config.bidirectional and can_buffer) or config.decode_stream_params == "yes":
         return "stream"
     capable = False if config.decode_stream_params == "no" else streams_params(ep, now)
     if capable is not False:

@@ -128,6 +128,13 @@ def fingerprint_key(tenant: str, model: str | None, messages: Sequence[Any]) -> 
     return _key("fp", tenant, model or "", canon)
 
 
+def history_key(tenant: str, kind: str, model: str | None, canonical: Sequence[Any]) -> bytes:
+    """Store key of a conversation of another API (`kind`: responses, messages) by its
+    history, already in the API's canonical form (`apis/`)."""
+    canon = json.dumps(canonical, separators=(",", ":"), sort_keys=True)
+    return _key("fp-" + kind, tenant, model or "", canon)
+
+
 def lookup_messages(messages: Sequence[Any]) -> list[Any] | None:
     """The messages up to and including the last assistant message (None if there is none)."""
     for i in range(len(messages) - 1, -1, -1):

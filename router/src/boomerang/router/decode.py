@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 from aiohttp import HttpVersion11, web
 
-from boomerang.router import protocol, sse
+from boomerang.router import apis, protocol, sse
+from boomerang.router.apis import DecodeResult, EventStream
 from boomerang.router.config import Timeouts
 from boomerang.router.upstream import (
     EngineClient,
@@ -36,37 +36,9 @@ class ClientGone(Exception):
     """The client disconnected while the answer was being written."""
 
 
-@dataclass
-class DecodeResult:
-    """What D told the router about the sequence it generated."""
-
-    params: dict[str, Any] | None = None
-    prompt_ids: list[int] | None = None
-    output_ids: list[int] = field(default_factory=list)
-    reply: dict[str, Any] | None = None
-    finished: bool = False
-    response: web.StreamResponse | None = None
-
-    @property
-    def held_ids(self) -> list[int] | None:
-        """Prompt + output ids, of which D holds the first `remote_num_tokens`."""
-        if self.prompt_ids is None:
-            return None
-        return self.prompt_ids + self.output_ids
-
-
 def result_from_response(payload: dict[str, Any]) -> DecodeResult:
-    """Collect D's params, ids and reply from a complete response (before stripping)."""
-    result = DecodeResult(params=protocol.kv_params_of(payload))
-    result.prompt_ids = protocol.prompt_ids_of(payload)
-    result.output_ids = protocol.output_ids_of(payload) or []
-    choices = payload.get("choices") or []
-    if choices and isinstance(choices[0], dict):
-        message = choices[0].get("message")
-        if isinstance(message, dict):
-            result.reply = message
-        result.finished = choices[0].get("finish_reason") is not None
-    return result
+    """Collect D's params, ids and reply from a complete chat or text completion."""
+    return apis.of("chat").result_from_response(payload)
 
 
 async def call_and_answer(
@@ -82,9 +54,15 @@ async def call_and_answer(
     (json, buffer, stream); raises UpstreamError while the client has not got a byte."""
     url, body, request_id = call
     limit = timeout(t.decode_total_s, t.connect_s)
+    api = apis.of(req.kind)
     if mode == "stream":
         resp = await open_stream(engines, url, body, limit, t.decode_first_byte_s, request_id)
-        relay = StreamRelay(req.wants_token_ids, on_first)
+        events = api.event_stream()
+        relay = (
+            StreamRelay(req.wants_token_ids, on_first)
+            if events is None
+            else NamedStreamRelay(events, on_first)
+        )
         try:
             return await relay.run(request, resp, t.decode_first_byte_s)
         except (ClientGone, asyncio.CancelledError):
@@ -93,20 +71,20 @@ async def call_and_answer(
         finally:
             resp.release()
     data = await post_json(engines, url, body, limit, request_id)
-    result = result_from_response(data)
+    result = api.result_from_response(data)
     keep = req.wants_token_ids
     if mode == "buffer":
         result.response = await answer_buffered(request, data, keep, req.include_usage, on_first)
     else:
-        result.response = await answer_json(request, data, keep, on_first)
+        body = api.client_payload(data, keep_token_ids=keep)
+        result.response = await answer_json(request, body, on_first)
     return result
 
 
 async def answer_json(
-    request: web.Request, payload: dict[str, Any], keep_ids: bool, on_first: Callable[[], None]
+    request: web.Request, body: dict[str, Any], on_first: Callable[[], None]
 ) -> web.StreamResponse:
-    """Send a complete response as JSON."""
-    body = protocol.client_payload(payload, keep_token_ids=keep_ids)
+    """Send a complete response (already as the client may see it) as JSON."""
     response = web.Response(body=orjson.dumps(body), content_type="application/json")
     on_first()
     await _send(request, response)
@@ -251,7 +229,7 @@ class StreamRelay:
                 self._write_out()
         except Exception as exc:  # a bug: raised in the handler's task, not the event loop
             self._failure = exc
-        if self._client is None or self._paused or self._tail or self._failure:
+        if self._client is None or self._paused or self._tail is not None or self._failure:
             self._wake()  # only for what the task waits for: no wake-up per read
 
     def _on_end(self, error: UpstreamError | None) -> None:
@@ -268,7 +246,7 @@ class StreamRelay:
             elif error is not None:
                 self._fail_mid(error)
             else:
-                self._tail = sse.DONE_EVENT  # ended without [DONE]
+                self._tail = self.END  # ended without its last event
         except Exception as exc:
             self._failure = exc
         self._wake()
@@ -277,24 +255,36 @@ class StreamRelay:
         """Collect from events and queue what the client sees of them, up to [DONE]."""
         if not self._started:
             try:
-                first = sse.decode(events[0])
+                first = self._decode(events[0])
             except ValueError as exc:
                 self._failure = UpstreamError("protocol", f"stream failed: {exc!r}")
                 return
             self._started = True
             if self._emit(events[0], first):
-                self._tail = sse.DONE_EVENT
+                self._tail = self.END
                 return
             events = events[1:]
         try:
             if self._emit_all(events):
-                self._tail = sse.DONE_EVENT
+                self._tail = self.END
         except ValueError as exc:
             self._fail_mid(exc)
 
+    END = sse.DONE_EVENT
+    """What ends the client's stream after D's last event (OpenAI's chunks: [DONE])."""
+
+    @staticmethod
+    def _decode(data: bytes) -> Any:
+        """One event as the splitter cut it, decoded (ValueError: not JSON)."""
+        return sse.decode(data)
+
+    def _error_event(self, message: str, status: int) -> bytes:
+        """The in-band error that ends a stream D broke off."""
+        return sse.error_event(message, status)
+
     def _fail_mid(self, exc: Exception) -> None:
         """D failed after its first event: the client's stream ends with an error event."""
-        self._tail = sse.error_event(f"decode engine failed mid-stream: {exc!r}", 502)
+        self._tail = self._error_event(f"decode engine failed mid-stream: {exc!r}", 502)
         self.result.finished = False
 
     def _write_out(self) -> None:
@@ -388,3 +378,44 @@ class StreamRelay:
             "content": "".join(self._parts) if self._parts or not calls else None,
             "tool_calls": calls or None,
         }
+
+
+class NamedStreamRelay(StreamRelay):
+    """Passes D's stream of named events (Responses, Messages) through to the client, the same
+    way as `StreamRelay` (same flow control, same failures), event by event: the API's
+    `EventStream` collects what the next turn needs and strips what the client may not see;
+    an event with nothing stripped goes on as D's own bytes, name included, and a stripped one
+    is written again with its name. The stream ends with the API's last event (no [DONE])."""
+
+    END = b""
+
+    def __init__(self, events: EventStream, on_first: Callable[[], None]) -> None:
+        super().__init__(False, on_first)
+        self._named = events
+        self.result = events.result
+        self._events = sse.BlockSplitter()
+
+    @staticmethod
+    def _decode(data: bytes) -> Any:
+        name, payload = sse.parse_block(data)
+        return name, orjson.loads(payload)
+
+    def _error_event(self, message: str, status: int) -> bytes:
+        return self._named.error_event(message, status)
+
+    def _emit_all(self, events: list[bytes]) -> bool:
+        return any(self._emit(data, self._decode(data)) for data in events)
+
+    def _emit(self, data: bytes, chunk: Any) -> bool:
+        name, event = chunk
+        if not isinstance(event, dict):
+            self._out += (data, b"\n\n")
+            return False
+        if self._named.process(name, event):
+            self._out.append(sse.named_event(name, event) if name else sse.event(event))
+        else:
+            self._out += (data, b"\n\n")
+        return self._named.terminal(name or str(event.get("type")))
+
+    def _finish_reply(self) -> None:
+        self._named.finish()

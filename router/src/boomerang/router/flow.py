@@ -28,7 +28,7 @@ from typing import Any
 from aiohttp import web
 
 from boomerang.connector.config import CONTINUE_CAPABILITY
-from boomerang.router import degraded, protocol
+from boomerang.router import apis, degraded
 from boomerang.router.claims import may_offer
 from boomerang.router.costmodel import Path
 from boomerang.router.endpoints import Endpoint, pairable
@@ -51,7 +51,7 @@ class Router(Serving):
     """A turn's order on top of what every leg shares (`serving.py`); one per app."""
 
     async def handle(self, request: web.Request, req: ClientRequest, tenant: str) -> Any:
-        """Serve one chat or completion request; returns the response already sent."""
+        """Serve one request (any API, `apis/`); returns the response already sent."""
         turn = Turn(req, tenant)
         try:
             route, why = self._route()  # 1. P then D, or one engine alone
@@ -140,7 +140,7 @@ class Router(Serving):
             self.release(handle, "superseded")
 
     async def _prompt_ids(self, turn: Turn) -> list[int] | None:
-        ids = protocol.known_prompt_ids(turn.req)
+        ids = apis.of(turn.req.kind).known_prompt_ids(turn.req)
         return ids if ids is not None else await self._tokenize(turn)
 
     async def _claim(self, turn: Turn) -> None:
@@ -153,20 +153,21 @@ class Router(Serving):
             turn.lease_gone()
 
     async def _tokenize(self, turn: Turn) -> list[int] | None:
-        """The new prompt's ids from a prefill engine; None when no P could say."""
-        body = protocol.tokenize_request(turn.req)
-        if body is None:
+        """The new prompt's ids from a prefill engine (`/tokenize`, or the API's render
+        endpoint); None when no P could say."""
+        api = apis.of(turn.req.kind)
+        if (render := api.prompt_ids_request(turn.req)) is None:
             return None
+        path, body = render
         t = self.config.timeouts
         limit = timeout(t.tokenize_s, t.connect_s)
 
         async def call(p_ep: Endpoint) -> list[int] | None:
             start = time.perf_counter()
             rid = turn.engine_request_id("t")
-            data = await post_json(self.engines, p_ep.url + "/tokenize", body, limit, rid)
+            data = await post_json(self.engines, p_ep.url + path, body, limit, rid)
             self.metrics.tokenize_latency.observe(time.perf_counter() - start)
-            tokens = data.get("tokens")  # a shape check: `decide` rejects non-token ids
-            return tokens if isinstance(tokens, list) else None
+            return api.prompt_ids_from(data)  # a shape check: `decide` rejects non-token ids
 
         candidates = self.prefill.candidates()
         first = turn.p_ep or min(candidates, key=lambda e: (e.work, e.inflight), default=None)

@@ -32,12 +32,12 @@ from typing import Any, Final, Protocol
 
 from aiohttp import web
 
-from boomerang.router import degraded, protocol
+from boomerang.router import apis, degraded, protocol
 from boomerang.router.capabilities import DecodeMode, decode_mode, observe_stream
 from boomerang.router.costmodel import Path
 from boomerang.router.endpoints import Endpoint, Role, compatible
 from boomerang.router.failover import Unavailable
-from boomerang.router.serving import PATHS, Serving
+from boomerang.router.serving import Serving
 from boomerang.router.settle import settle
 from boomerang.router.turn import Turn
 from boomerang.router.upstream import UpstreamError, post_json, timeout
@@ -92,14 +92,15 @@ class PrefillDecode:
         if holder is not None and not compatible(p_ep, holder):
             turn.detach()  # P cannot pull from a decoder of another engine revision
         attached = turn.attach()
-        body = protocol.prefill_request(turn.req.body, attached)
+        api = apis.of(turn.req.kind)
+        body = api.prefill_request(turn.req.body, attached)
         t = s.config.timeouts
         start = time.perf_counter()
         try:
             with s.prefill.track(p_ep, s.work(turn)):
                 data = await post_json(
                     s.engines,
-                    p_ep.url + PATHS[turn.req.kind],
+                    p_ep.url + api.path,
                     body,
                     timeout(t.prefill_s, t.connect_s),
                     turn.engine_request_id("p"),
@@ -146,9 +147,9 @@ class PrefillDecode:
     async def _decode_once(
         self, request: web.Request, turn: Turn, p_params: dict[str, Any], d_ep: Endpoint
     ) -> web.StreamResponse:
-        s = self.s
-        mode = decode_mode(turn.req.stream, d_ep, s.config, time.time())
-        body = protocol.decode_request(turn.req.body, p_params, stream=mode == "stream")
+        s, api = self.s, apis.of(turn.req.kind)
+        mode = decode_mode(turn.req.stream, d_ep, s.config, time.time(), api.can_buffer)
+        body = api.decode_request(turn.req.body, p_params, stream=mode == "stream")
         start = time.perf_counter()
         with s.decode.track(d_ep, 1.0):
             result = await s.answer(request, turn, d_ep, body, mode)
@@ -157,7 +158,7 @@ class PrefillDecode:
         prompt_ids = turn.prompt_ids or result.prompt_ids
         if mode == "stream" and turn.first_at and prompt_ids is not None:
             s.paths.observe_decode_first(len(prompt_ids), turn.first_at - start)
-        if mode == "stream" and result.finished:
+        if mode == "stream" and result.finished and api.can_buffer:
             observe_stream(d_ep, result.params is not None, time.time())
         if result.finished:
             s.place(turn, result, d_ep)
@@ -174,9 +175,9 @@ class Continue:
         self.holder = holder
 
     async def run(self, request: web.Request, turn: Turn) -> web.StreamResponse:
-        s, holder = self.s, self.holder
-        mode = decode_mode(turn.req.stream, holder, s.config, time.time())
-        body = protocol.continue_request(turn.req.body, stream=mode == "stream")
+        s, holder, api = self.s, self.holder, apis.of(turn.req.kind)
+        mode = decode_mode(turn.req.stream, holder, s.config, time.time(), api.can_buffer)
+        body = apis.continue_request(api, turn.req.body, stream=mode == "stream")
         turn.decode_url = holder.url
         start = time.perf_counter()
         try:
@@ -190,7 +191,7 @@ class Continue:
         turn.continued_on_holder()
         s.metrics.decode_latency.observe(time.perf_counter() - start)
         s.decode.succeeded(holder)
-        self._observe(turn, result.finished, result.params, mode, start)
+        self._observe(turn, result.finished and api.can_buffer, result.params, mode, start)
         if result.finished:
             s.place(turn, result, holder)
         if result.finished and await settle(s.file(turn, result, holder)):
@@ -228,7 +229,7 @@ class Alone:
             "Serving turn on one engine", extra={"role": role, "missing": gone, "reason": self.why}
         )
         turn.serve_alone(role)
-        body = protocol.plain_request(turn.req.body)
+        body = apis.of(turn.req.kind).plain_request(turn.req.body)
         mode: DecodeMode = "stream" if turn.req.stream else "json"
         pool = s.prefill if role == "prefill" else s.decode
 

@@ -22,13 +22,14 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from boomerang.connector import router_state
+from boomerang.router import apis, protocol
 from boomerang.router import conversation as conv
-from boomerang.router import protocol
 from boomerang.router.affinity import Affinity, Placement, cached_tokens
+from boomerang.router.apis import DecodeResult
 from boomerang.router.capabilities import DecodeMode
 from boomerang.router.claims import Claims
 from boomerang.router.config import RouterConfig
-from boomerang.router.decode import DecodeResult, call_and_answer
+from boomerang.router.decode import call_and_answer
 from boomerang.router.endpoints import Endpoint, Pool, Strategy, partners, prefill_choices
 from boomerang.router.failover import Failover, unavailable
 from boomerang.router.hooks import NoRetention, RetentionHooks
@@ -40,7 +41,6 @@ from boomerang.router.turn import Turn
 from boomerang.router.upstream import EngineClient, UpstreamError
 
 log = logging.getLogger("boomerang.router")
-PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 T = TypeVar("T")
 Call = Callable[[Endpoint], Awaitable[T]]
 BeforeRetry = Callable[[UpstreamError], Awaitable[None]]
@@ -142,7 +142,8 @@ class Serving:
         """A prefill's expected work in tokens (estimated from the text before tokenizing)."""
         if turn.prompt_ids is not None:
             return float(len(turn.prompt_ids))
-        return len(str(turn.req.body.get("messages") or turn.req.body.get("prompt"))) / 4
+        body = turn.req.body
+        return len(str(body.get("messages") or body.get("prompt") or body.get("input"))) / 4
 
     def still_held(self, handle: conv.Handle) -> bool:
         """Whether the decoder named by `handle` may still hold its blocks: not when the pod
@@ -166,7 +167,7 @@ class Serving:
         """Call `ep` (D; one engine alone: stage `s`; the holder continuing: `c`) and answer
         the client."""
         rid = turn.engine_request_id("s" if turn.alone else stage)
-        call = (ep.url + PATHS[turn.req.kind], body, rid)
+        call = (ep.url + apis.of(turn.req.kind).path, body, rid)
         t = self.config.timeouts
         return await call_and_answer(
             request, self.engines, call, turn.req, mode, t, lambda: self._on_first(turn)

@@ -10,6 +10,10 @@ had to be called without streaming to keep its retained-KV params (vLLM < 0.33 s
 none), a complete response re-emitted as chunks in OpenAI's streaming format: one chunk per
 choice carrying the whole delta and the finish reason, then the usage chunk if the client
 asked for it, then `[DONE]`.
+
+The Responses and Messages APIs name their events (`event: response.completed`, `event:
+message_delta`), and the Anthropic client dispatches on that name: `BlockSplitter` cuts such a
+stream into whole events (name and data lines), so that the relay passes each on with its name.
 """
 
 from __future__ import annotations
@@ -24,12 +28,28 @@ DONE = object()
 """Marker yielded for `data: [DONE]`."""
 
 
+def _data_of(block: bytes) -> bytes | None:
+    """The data of one event's lines (None: it has no `data:` line)."""
+    if block.startswith(b"data:") and b"\n" not in block:  # vLLM's: one line
+        return block[5:].lstrip(b" ")
+    lines = [line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:")]
+    return b"\n".join(lines) if lines else None
+
+
+def _block_of(block: bytes) -> bytes | None:
+    """The block itself when it has a `data:` line (None: a comment or keep-alive)."""
+    return block if _data_of(block) is not None else None
+
+
 class EventSplitter:
     """Cuts a byte stream into its events' data as it arrives (an event may span reads and a
     read may end many): each event's `data:` lines joined by newlines, as the SSE spec joins
     them; lines end with LF or CRLF. Events without data (comments, keep-alives) yield none."""
 
     __slots__ = ("_cr", "_pending")
+    _item = staticmethod(_data_of)
+    """What an event block yields: its data (None: none; `BlockSplitter`: the block). The
+    function itself, not a method wrapping it: no extra call per event."""
 
     def __init__(self) -> None:
         self._pending: list[bytes] = []
@@ -48,6 +68,10 @@ class EventSplitter:
             and b"\r" not in data
         ):
             return [data[5:-2].lstrip(b" ")]
+        return self._feed(data)
+
+    def _feed(self, data: bytes) -> list[bytes]:
+        """`feed` for any read (the general path)."""
         if self._cr:
             data = b"\r" + data
         self._cr = data.endswith(b"\r")
@@ -69,22 +93,42 @@ class EventSplitter:
         *blocks, rest = data.split(b"\n\n")
         if rest:
             pending.append(rest)
-        return [d for block in blocks if (d := _data_of(block)) is not None]
+        item = self._item
+        return [d for block in blocks if (d := item(block)) is not None]
 
     def close(self) -> list[bytes]:
         """The data of an event the stream ended without closing (no blank line after it)."""
         rest = b"".join(self._pending) + (b"\r" if self._cr else b"")
         self._pending.clear()
         self._cr = False
-        return [d for block in rest.split(b"\n\n") if (d := _data_of(block)) is not None]
+        item = self._item
+        return [d for block in rest.split(b"\n\n") if (d := item(block)) is not None]
 
 
-def _data_of(block: bytes) -> bytes | None:
-    """The data of one event's lines (None: it has no `data:` line)."""
-    if block.startswith(b"data:") and b"\n" not in block:  # vLLM's: one line
-        return block[5:].lstrip(b" ")
-    lines = [line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:")]
-    return b"\n".join(lines) if lines else None
+class BlockSplitter(EventSplitter):
+    """Cuts a stream of named events into whole event blocks (their lines, LF-separated,
+    without the blank line that ends them): what `parse_block` reads. Blocks without a data
+    line (comments, keep-alives) yield none."""
+
+    __slots__ = ()
+    _item = staticmethod(_block_of)
+
+    def feed(self, data: bytes) -> list[bytes]:
+        return self._feed(data)
+
+
+def parse_block(block: bytes) -> tuple[str, bytes]:
+    """An event block's name (its last `event:` line; "" when it has none) and data."""
+    name = ""
+    for line in block.split(b"\n"):
+        if line.startswith(b"event:"):
+            name = line[6:].strip().decode("utf-8", "replace")
+    return name, _data_of(block) or b""
+
+
+def named_event(name: str, payload: Any) -> bytes:
+    """One SSE event with an event name."""
+    return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
 
 
 async def read_events(lines: AsyncIterator[bytes]) -> AsyncIterator[Any]:

@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Final, Literal
 
+from boomerang.router import apis, logs
 from boomerang.router import conversation as conv
-from boomerang.router import logs
 from boomerang.router.affinity import Placement
 from boomerang.router.costmodel import Path
 from boomerang.router.endpoints import Endpoint, Role
@@ -289,14 +289,13 @@ class Turn:
 
     def find_key(self, fingerprint: bool) -> bytes | None:
         """Where this turn's conversation's handle is: the client's `conversation_id`, else
-        (chat, fingerprints on) the messages up to the last assistant message."""
+        (fingerprints on) the API's fingerprint of its history up to the model's last answer."""
         req = self.req
         if req.conversation_id is not None:
             return conv.id_key(self.tenant, req.conversation_id)
-        if req.kind != "chat" or not fingerprint:
+        if not fingerprint:
             return None
-        history = conv.lookup_messages(req.body["messages"])
-        return None if history is None else conv.fingerprint_key(self.tenant, req.model, history)
+        return apis.of(req.kind).lookup_key(self.tenant, req.model, req.body)
 
     def file_key(self, fingerprint: bool, reply: dict[str, Any] | None) -> bytes | None:
         """Where the next turn will look: the `conversation_id`, else the messages plus D's
@@ -304,10 +303,9 @@ class Turn:
         req = self.req
         if req.conversation_id is not None:
             return conv.id_key(self.tenant, req.conversation_id)
-        if req.kind != "chat" or not fingerprint or not reply:
+        if not fingerprint or not reply:
             return None
-        messages = [*req.body["messages"], conv.reply_message(reply)]
-        return conv.fingerprint_key(self.tenant, req.model, messages)
+        return apis.of(req.kind).file_key(self.tenant, req.model, req.body, reply)
 
     def summary(self) -> dict[str, Any]:
         """The fields of the per-turn log line."""

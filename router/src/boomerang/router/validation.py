@@ -18,7 +18,7 @@ import orjson
 
 from boomerang.router.errors import ApiError, bad_request
 
-Kind = Literal["chat", "completion"]
+Kind = Literal["chat", "completion", "responses", "messages"]
 
 ROUTER_FIELDS = ("conversation_id",)
 """Body fields the router consumes and never forwards."""
@@ -89,28 +89,29 @@ def _check_int_range(value: Any, where: str) -> None:
 def validate(kind: Kind, data: dict[str, Any], header_conversation_id: str | None) -> ClientRequest:
     """Check the fields the router reads; return the cleaned request. Raises ApiError(400)."""
     body = {k: v for k, v in data.items() if k not in ROUTER_FIELDS and k not in INTERNAL_FIELDS}
-    model = _optional(data, "model", str)
+    model = optional(data, "model", str)
     if kind == "chat":
         _check_messages(data.get("messages"))
     else:
         _check_prompt(data.get("prompt"))
-    stream = _optional(data, "stream", bool) or False
+    stream = optional(data, "stream", bool) or False
     for name in ("max_tokens", "max_completion_tokens", "n", "best_of", "min_tokens"):
-        value = _optional(data, name, int)
+        value = optional(data, name, int)
         if value is not None and value < (1 if name in ("n", "best_of") else 0):
             raise bad_request(f"`{name}` must be a non-negative integer", name)
-    stream_options = _optional(data, "stream_options", dict)
+    stream_options = optional(data, "stream_options", dict)
     if stream_options is not None and not stream:
         raise bad_request(
             "`stream_options` is only allowed when `stream` is true", "stream_options"
         )
     include_usage = bool(stream_options and stream_options.get("include_usage") is True)
-    wants_ids = _optional(data, "return_token_ids", bool) or False
-    conv = _conversation_id(data.get("conversation_id"), header_conversation_id)
+    wants_ids = optional(data, "return_token_ids", bool) or False
+    conv = conversation_id(data.get("conversation_id"), header_conversation_id)
     return ClientRequest(kind, body, stream, conv, wants_ids, include_usage, model)
 
 
-def _optional(data: dict[str, Any], name: str, type_: type) -> Any:
+def optional(data: dict[str, Any], name: str, type_: type) -> Any:
+    """`data[name]` when it is of `type_` (None when absent or null); else a 400 naming it."""
     value = data.get(name)
     if value is None:
         return None
@@ -120,7 +121,8 @@ def _optional(data: dict[str, Any], name: str, type_: type) -> Any:
     return value
 
 
-def _conversation_id(body_value: Any, header_value: str | None) -> str | None:
+def conversation_id(body_value: Any, header_value: str | None) -> str | None:
+    """The client's conversation id (body field, else header), checked."""
     value = body_value if body_value is not None else header_value
     if value is None:
         return None
