@@ -78,7 +78,7 @@ types: dev
 	$(VENV)/bin/mypy -p boomerang.operator -p boomerang.router -p boomerang.connector -p boomerang.local
 
 unit: dev
-	$(PY) -m pytest -m 'not cluster and not engine and not node' $(PYTEST_ARGS)
+	$(PY) -m pytest -m 'not cluster and not engine and not node and not wheels' $(PYTEST_ARGS)
 
 # What CI runs: everything, on a fresh machine.
 test: dev redis lua prometheus node tools engine lint types

@@ -53,10 +53,17 @@ ENGINE_REVISION_METRIC = "boomerang_engine_revision_info"
 revision while a rollout runs both."""
 
 ENGINE_CAPABILITY_METRIC = "boomerang_engine_capability_info"
-"""A gauge (value 1) per engine-side change of Boomerang's plugin that the router relies on,
-named by its `capability` label: `continue` (D frees the blocks of requests it served alone,
-`own_requests`). Absent, the router does not take the path that needs it."""
+"""A gauge per engine-side change of Boomerang's plugin that the router relies on, named by its
+`capability` label: `continue` (D frees the blocks of requests it served alone,
+`own_requests`). 1 when in force; 0 when not (the plugin refused this vLLM, or the patch did not
+apply). Absent or 0, the router does not take the path that needs it."""
 CONTINUE_CAPABILITY = "continue"
+CAPABILITIES = (CONTINUE_CAPABILITY,)
+"""Every capability the plugin publishes, in force or not."""
+
+STREAMS_PARAMS_SINCE = (0, 33)
+"""The first vLLM (major, minor) that puts D's `kv_transfer_params` on the final streamed chunk
+itself; before it, Boomerang's plugin adds them (and the router knows to expect them)."""
 
 LEASE_TOKEN_ENV = "BOOMERANG_LEASE_TOKEN"
 """The bearer token of the engine's lease API (`boomerang.connector.leases`); unset = the API

@@ -59,7 +59,9 @@ from boomerang.router.upstream import EngineClient, UpstreamError, post_json, ti
 from boomerang.router.validation import ClientRequest
 
 log = logging.getLogger("boomerang.router")
-UNPAIRED = "no prefill and decode engines of one engine revision (a rollout is under way)"
+UNPAIRED = (
+    "no prefill and decode engines of one engine revision and vLLM version (a rollout is under way)"
+)
 PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 T = TypeVar("T")
 Call = Callable[[Endpoint], Awaitable[T]]
