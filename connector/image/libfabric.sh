@@ -15,7 +15,7 @@
 # library of the plugin resolves (boomerang.connector.image_check).
 #
 #   bash libfabric.sh [install]   # in the image build, as root
-#   bash libfabric.sh verify      # anywhere with curl and gpg: fetch and verify the pinned
+#   bash libfabric.sh verify      # anywhere with curl and gpgv: fetch and verify the pinned
 #                                 # installer, print its SHA-256 (the release workflow does)
 set -euo pipefail
 
@@ -40,12 +40,18 @@ fetch_verified() {
   curl -fsSL "${EFA_INSTALLER_BASE_URL}/${TARBALL}" -o "$dir/$TARBALL"
   curl -fsSL "${EFA_INSTALLER_BASE_URL}/${TARBALL}.sig" -o "$dir/$TARBALL.sig"
   curl -fsSL "${EFA_INSTALLER_BASE_URL}/aws-efa-installer.key" -o "$dir/key"
-  mkdir -m 700 "$dir/gnupg"
-  gpg --homedir "$dir/gnupg" --batch --quiet --import "$dir/key" 2>/dev/null
+  # gpgv (which apt itself uses) checks the signature against a keyring holding only the
+  # downloaded key, de-armored here: no keyring of the system's, no gpg-agent.
+  if grep -q -- '-----BEGIN PGP' "$dir/key"; then
+    sed '1,/^$/d; /^=/d; /^-----END/d' "$dir/key" | base64 -d >"$dir/keyring.gpg" \
+      || fail "cannot read the signing key from ${EFA_INSTALLER_BASE_URL}"
+  else
+    cp "$dir/key" "$dir/keyring.gpg"
+  fi
   # VALIDSIG's last field is the primary key's fingerprint: the signature is good and made
   # by that key (or one of its subkeys). Nothing else counts, whatever the key file holds.
-  status="$(gpg --homedir "$dir/gnupg" --batch --status-fd 1 --verify "$dir/$TARBALL.sig" \
-    "$dir/$TARBALL" 2>/dev/null || true)"
+  status="$(gpgv --keyring "$dir/keyring.gpg" --status-fd 1 "$dir/$TARBALL.sig" "$dir/$TARBALL" \
+    2>/dev/null || true)"
   signer="$(awk '$2 == "VALIDSIG" {print $NF}' <<<"$status")"
   [[ -n "$signer" ]] || fail "$TARBALL: no valid signature (refusing to unpack it)"
   [[ "$signer" == "$pinned" ]] || fail "$TARBALL: signed by $signer, not by $pinned (refusing)"
@@ -64,8 +70,8 @@ apt_install() {
 
 install_efa_installer() {
   local dir
-  # The installer's prerequisites, and gpg for the signature; they follow the base's release.
-  apt_install curl ca-certificates gpg pciutils environment-modules libhwloc15
+  # The installer's prerequisites, and gpgv for the signature; they follow the base's release.
+  apt_install curl ca-certificates gpgv pciutils environment-modules libhwloc15
   dir="$(mktemp -d)"
   fetch_verified "$dir" >/dev/null
   tar -xzf "$dir/$TARBALL" -C "$dir"
