@@ -39,8 +39,9 @@ redis:
 	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
 
 # The operator, router and connector images, built with buildah from their own Dockerfiles on
-# bases made here from Debian's packages and PyPI (no image registry needed), cached under
-# $(BOOMERANG_CACHE)/images (see e2e/images/README.md).
+# bases made here from Debian's packages and PyPI (no image registry needed), and the connector
+# Dockerfile once more on a CUDA 13 stand-in of vLLM's image (connector-gpu, several GB), cached
+# under $(BOOMERANG_CACHE)/images (see e2e/images/README.md).
 images:
 	bash e2e/images/build.sh
 
