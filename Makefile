@@ -39,8 +39,9 @@ redis:
 	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
 
 # The operator, router and connector images, built with buildah from their own Dockerfiles on
-# bases made here from Debian's packages and PyPI (no image registry needed), cached under
-# $(BOOMERANG_CACHE)/images (see e2e/images/README.md).
+# bases made here from Debian's packages and PyPI (no image registry needed), and the connector
+# Dockerfile once more on a CUDA 13 stand-in of vLLM's image (connector-gpu, several GB), cached
+# under $(BOOMERANG_CACHE)/images (see e2e/images/README.md).
 images:
 	bash e2e/images/build.sh
 
@@ -78,7 +79,7 @@ types: dev
 	$(VENV)/bin/mypy -p boomerang.operator -p boomerang.router -p boomerang.connector -p boomerang.local
 
 unit: dev
-	$(PY) -m pytest -m 'not cluster and not engine and not node' $(PYTEST_ARGS)
+	$(PY) -m pytest -m 'not cluster and not engine and not node and not wheels' $(PYTEST_ARGS)
 
 # What CI runs: everything, on a fresh machine.
 test: dev redis lua prometheus node tools engine lint types

@@ -2,9 +2,9 @@
 (e2e/images), run what they ship: the operator's and the router's entrypoints answer --help as the
 image's user, the connector image imports vLLM, NIXL and Boomerang's connector from one
 environment and finds the vLLM plugin entry point; a second build is a cache hit; the archives
-import into a containerd. The connector Dockerfile's EFA steps are built on their own (on the
-Python base, with a stand-in installer) to show that a missing or wrong checksum and a missing
-efa provider fail the build.
+import into a containerd. The connector image here is built on the CPU stand-in with the
+distribution's libfabric; test_image_gpu.py builds it on a CUDA 13 stand-in of vLLM's image,
+test_image_efa.py its EFA step with a stand-in installer.
 
 Under CI (`CI` set) a missing tool or a failed build fails; elsewhere they skip. A cold build
 takes minutes (the vLLM CPU stack); later runs take the cache.
@@ -12,48 +12,28 @@ takes minutes (the vLLM CPU stack); later runs take the cache.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import shutil
 import signal
 import subprocess
-import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from images.build import NAMES, REPO, Builder, Built, cache_dir
+from images.build import NAMES, Built, cache_dir
 from images.buildah import CONTAINERD_TOOLS, Buildah, install_tools, missing_tools
 from images.containerd import import_images, listed, public_name
+from images_testing import CI, build, builder, run_in, unavailable
 
 from boomerang.operator.api import DEFAULT_ROUTER_IMAGE
 
 pytestmark = [pytest.mark.node, pytest.mark.timeout(5400)]
-CI = bool(os.environ.get("CI"))
-
-
-def unavailable(why: str) -> None:
-    if CI:
-        pytest.fail(why)
-    pytest.skip(why)
-
-
-def builder() -> Builder:
-    missing = install_tools() if CI else missing_tools()
-    if missing:
-        unavailable(f"image tools missing: {' '.join(missing)} (Debian packages of those names)")
-    return Builder()
 
 
 @pytest.fixture(scope="module")
 def built() -> dict[str, Built]:
-    try:
-        return builder().build(NAMES)
-    except subprocess.CalledProcessError as exc:
-        unavailable(f"image build failed: {exc}")
-        raise
+    return build(NAMES)
 
 
 @pytest.fixture(scope="module")
@@ -61,13 +41,7 @@ def buildah() -> Buildah:
     return Buildah(cache_dir())
 
 
-def run(buildah: Buildah, image: Built, *args: str, entrypoint: bool = True) -> str:
-    argv = list(args)
-    if entrypoint:
-        argv = [*(buildah.config(image.key_ref).get("Entrypoint") or []), *argv]
-    out = buildah.run_in(image.key_ref, argv)
-    assert out.returncode == 0, out.stdout + out.stderr
-    return out.stdout
+run = run_in
 
 
 @pytest.mark.parametrize("name", ["operator", "router"])
@@ -182,72 +156,3 @@ def test_archives_import_into_containerd(built: dict[str, Built], containerd: Pa
         assert name in held
     assert public_name(built["router"].ref) in held
     assert public_name(built["router"].ref) == DEFAULT_ROUTER_IMAGE  # what the CRD defaults to
-
-
-# A stand-in for aws-efa-installer: it installs an fi_info that answers like libfabric's.
-EFA_FAKE_INSTALLER = """#!/bin/bash
-set -e
-install -D -m 755 fi_info /opt/amazon/efa/bin/fi_info
-"""
-FAKE_FI_INFO = """#!/bin/sh
-case "$1" in
-  --version) echo "fi_info: 2.1.0amzn"; echo "libfabric: 2.1.0amzn";;
-  --list) printf 'tcp:\\n    version: 1.0\\n'; PROVIDERS;;
-esac
-"""
-
-
-def efa_steps() -> str:
-    """The connector Dockerfile's EFA steps, verbatim: its ARGs through the provider check."""
-    text = (REPO / "connector" / "Dockerfile").read_text()
-    return text[text.index("ARG EFA_INSTALLER_VERSION") : text.index("ENV LD_LIBRARY_PATH")]
-
-
-def fake_installer(folder: Path, efa_provider: bool) -> str:
-    """A tarball laid out as AWS's (aws-efa-installer/efa_installer.sh); returns its SHA-256."""
-    installer = folder / "aws-efa-installer"
-    installer.mkdir()
-    efa = "printf 'efa:\\n    version: 2.1\\n'" if efa_provider else "true"
-    for name, text in (("efa_installer.sh", EFA_FAKE_INSTALLER), ("fi_info", FAKE_FI_INFO)):
-        (installer / name).write_text(text.replace("PROVIDERS", efa))
-        (installer / name).chmod(0o755)
-    with tarfile.open(folder / "efa.tar.gz", "w:gz") as tar:
-        tar.add(installer, arcname="aws-efa-installer")
-    return hashlib.sha256((folder / "efa.tar.gz").read_bytes()).hexdigest()
-
-
-@pytest.mark.parametrize(
-    ("case", "expect"),
-    [
-        ("no-checksum", "needs EFA_INSTALLER_SHA256"),
-        ("wrong-checksum", "FAILED"),
-        ("no-efa-provider", "has no efa provider"),
-        ("efa-provider", "efa provider is present"),
-    ],
-)
-def test_connector_efa_steps_verify_the_installer_and_its_provider(
-    tmp_path: Path, case: str, expect: str
-) -> None:
-    b = builder()
-    try:
-        with b.lock():
-            base = b.python_base()
-    except subprocess.CalledProcessError as exc:
-        unavailable(f"python base build failed: {exc}")
-    sha = fake_installer(tmp_path, efa_provider=case != "no-efa-provider")
-    sha = {"no-checksum": "", "wrong-checksum": "0" * 64}.get(case, sha)
-    containerfile = tmp_path / "Containerfile"
-    containerfile.write_text(f"FROM {base.key_ref}\n{efa_steps()}")
-    args = {"EFA_INSTALLER_URL": "file:///efa/efa.tar.gz", "EFA_INSTALLER_SHA256": sha}
-    volumes = (f"{tmp_path}:/efa:ro",)
-    tag = f"localhost/boomerang/efa-check:{case}"
-    try:
-        out = b.buildah.bud(containerfile, tmp_path, [tag], args, volumes, capture=True)
-        ok, log = True, out
-    except subprocess.CalledProcessError as exc:
-        ok, log = False, (exc.stdout or "") + (exc.stderr or "")
-    finally:
-        if b.buildah.has(tag):
-            b.buildah.run("rmi", tag, capture=True)
-    assert ok is (case == "efa-provider"), log[-3000:]
-    assert expect in log, log[-3000:]

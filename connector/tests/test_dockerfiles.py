@@ -1,7 +1,8 @@
 """Static checks of the three Dockerfiles, cheap enough for every run: hadolint (from the dev
-extras) and the properties the builds rely on (the base as a build argument, the EFA installer's
-checksum and provider checks). e2e/test_images.py builds and runs the images themselves (node
-tests, buildah); what they run is also tested outside them (entrypoint, plugin)."""
+extras) and the properties the builds rely on (the base as a build argument, the pins, the EFA
+installer verified before it is unpacked). e2e/test_images.py builds and runs the images
+themselves (node tests, buildah), the EFA steps with a stand-in installer; what they run is also
+tested outside them (entrypoint, plugin, image_check)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from boomerang.connector import vllm_points
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,9 +41,40 @@ def test_dockerfile_passes_hadolint(dockerfile: str) -> None:
 
 def test_engine_image_runs_the_tested_entrypoint_and_pins_its_versions() -> None:
     text = (REPO / "connector" / "Dockerfile").read_text()
-    assert "vllm/vllm-openai:v0.32.0" in text
-    assert '"nixl==1.5.1" "nixl-cu12==1.5.1"' in text
+    newest = vllm_points.SUPPORTED_VLLM[-1]
+    assert f"ARG VLLM_IMAGE=vllm/vllm-openai:v{newest}" in text  # the newest that passes
+    assert "ARG NIXL_VERSION=1.5.1" in text
+    assert "nixl-cu12==" not in text and "nixl-cu13==" not in text  # chosen by torch's CUDA
+    assert 'RUN python3 -m boomerang.connector.image_check --libfabric "${LIBFABRIC}"\n' in text
     assert 'ENTRYPOINT ["boomerang-engine", "--"]' in text
+
+
+def test_efa_installer_version_and_key_are_pinned_in_one_place() -> None:
+    """The Dockerfile's ARGs; the release workflow reads them from there."""
+    text = (REPO / "connector" / "Dockerfile").read_text()
+    assert "ARG LIBFABRIC=efa-installer\n" in text  # EFA on by default
+    assert "ARG EFA_INSTALLER_VERSION=1.50.0\n" in text
+    assert (
+        'ARG EFA_INSTALLER_KEY_FINGERPRINT="4E90 91BC BB97 A96B 26B1 5E59 A054 80B1 DD2D 3CCC"'
+        in (text)
+    )
+    for path in (
+        REPO / ".github" / "workflows" / "release.yaml",
+        REPO / "connector" / "image" / "libfabric.sh",
+    ):
+        other = path.read_text()
+        assert "1.50.0" not in other and "4E90" not in other, path
+
+
+def test_efa_installer_is_verified_before_it_is_unpacked() -> None:
+    script = (REPO / "connector" / "image" / "libfabric.sh").read_text()
+    install = script[script.index("install_efa_installer() {") :]
+    assert install.index("fetch_verified") < install.index("tar -xzf")
+    verify = script[script.index("fetch_verified() {") : script.index("apt_install() {")]
+    signer = verify.index('[[ "$signer" == "$pinned" ]] || fail')
+    sha = verify.index('"$sha" != "$EFA_INSTALLER_SHA256"')
+    assert signer < verify.index('echo "$sha"') and sha < verify.index('echo "$sha"')
+    assert "efa_installer.sh -y -g --skip-kmod --skip-limit-conf --no-verify" in script
 
 
 @pytest.mark.parametrize(
@@ -48,7 +82,7 @@ def test_engine_image_runs_the_tested_entrypoint_and_pins_its_versions() -> None
     [
         ("operator/Dockerfile", "PYTHON_IMAGE", "python:3.11-slim-bookworm"),
         ("router/Dockerfile", "PYTHON_IMAGE", "python:3.11-slim-bookworm"),
-        ("connector/Dockerfile", "VLLM_IMAGE", "vllm/vllm-openai:v0.32.0"),
+        ("connector/Dockerfile", "VLLM_IMAGE", "vllm/vllm-openai:v0.34.0"),
     ],
 )
 def test_every_stage_starts_from_the_base_build_argument(
@@ -64,29 +98,14 @@ def test_every_stage_starts_from_the_base_build_argument(
         assert lines[i].split()[1] == f"${{{arg}}}", lines[i]
 
 
-def efa_runs() -> list[str]:
-    """The connector Dockerfile's RUN instructions that use the EFA installer, joined."""
-    text = (REPO / "connector" / "Dockerfile").read_text().replace("\\\n", " ")
-    return [ln for ln in text.splitlines() if ln.startswith("RUN ") and "EFA_INSTALLER_URL" in ln]
-
-
-def test_efa_installer_is_checksum_verified_before_it_is_unpacked() -> None:
-    text = (REPO / "connector" / "Dockerfile").read_text()
-    assert 'ARG EFA_INSTALLER_SHA256=""' in text
-    install = efa_runs()[0]
-    # A URL without a well-formed checksum fails before anything is fetched.
-    assert install.index('EFA_INSTALLER_SHA256}" =~ ^[0-9a-f]{64}$') < install.index("curl ")
-    assert "exit 1" in install[: install.index("apt-get update")]
-    check = 'echo "${EFA_INSTALLER_SHA256}  /tmp/efa.tar.gz" | sha256sum --check --strict -'
-    assert install.index("curl ") < install.index(check) < install.index("tar -xzf")
-    assert install.index(check) < install.index("efa_installer.sh")
-
-
-def test_efa_provider_is_checked_after_the_installer_ran() -> None:
-    runs = efa_runs()
-    assert len(runs) == 2, runs
-    check = runs[1]
-    assert check.startswith('RUN if [ -n "${EFA_INSTALLER_URL}" ]; then')
-    assert "/opt/amazon/efa/bin/fi_info --version" in check
-    assert "fi_info --list | grep -x 'efa:'" in check
-    assert "libefa-fi.so" in check and "exit 1" in check
+def test_the_release_verifies_the_efa_installer_and_records_the_bases() -> None:
+    workflow = (REPO / ".github" / "workflows" / "release.yaml").read_text()
+    # Version, URL and key come from the Dockerfile; the verified SHA-256 goes to the build.
+    assert 'arg EFA_INSTALLER_VERSION)"' in workflow and 'arg EFA_INSTALLER_KEY_FINGERPRINT)"' in (
+        workflow
+    )
+    assert 'sha="$(bash connector/image/libfabric.sh verify)"' in workflow
+    assert "EFA_INSTALLER_SHA256=${{ steps.efa.outputs.sha256 }}" in workflow
+    assert '"$(default connector/Dockerfile VLLM_IMAGE)"' in workflow
+    assert "cat efa.md >> bases.md" in workflow and "--notes-file bases.md" in workflow
+    assert "connector/tests/test_vllm_versions.py" in workflow

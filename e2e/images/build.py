@@ -45,9 +45,21 @@ RECIPE = "2"
 NAMES = ("operator", "router", "connector")
 ENGINE_INSTALL = REPO / "connector" / "src" / "boomerang" / "connector"
 """Where the engine install script and its pins live: the vLLM CPU base's build context."""
-DOCKERFILES = {name: f"{name}/Dockerfile" for name in NAMES}
+GPU = "connector-gpu"
+"""The connector Dockerfile built on a stand-in of vLLM's GPU image (vllm-gpu): its NIXL and
+libfabric checks run against a CUDA 13 torch and vLLM's own GPU wheel. Never run as a pod, so
+it has no archive."""
+DOCKERFILES = {**{name: f"{name}/Dockerfile" for name in NAMES}, GPU: "connector/Dockerfile"}
 # Images the tests need beside the product's: stand-ins for public images users pull.
 STAND_INS = ("redis",)
+DEFAULT = (*NAMES, GPU)
+"""What `make images` builds."""
+LIBFABRIC = {"LIBFABRIC": "distribution"}
+"""AWS's EFA installer is out of reach here: the connector builds take the distribution's
+libfabric1 (no efa provider), which is enough for the `ldd` check of NIXL's LIBFABRIC plugin."""
+GPU_PINS = {"TORCH_VERSION": "2.13.0", "VLLM_VERSION": "0.32.0", "NIXL_VERSION": "1.5.0"}
+"""The GPU stand-in: PyPI's torch 2.13.0 (a CUDA 13 build), vLLM 0.32.0's GPU wheel, and NIXL
+at vLLM's pin with both backends, as vLLM's image carries them."""
 # The Python base: Debian bookworm's minimal system, its Python 3.11 with venv, CA certificates.
 SUITE = "bookworm"
 PACKAGES = ("python3", "python3-venv", "ca-certificates")
@@ -131,7 +143,8 @@ class Built:
 
 
 class Builder:
-    """The cached build graph: python-base -> vllm-cpu -> connector; python-base -> the rest."""
+    """The cached build graph: python-base -> vllm-cpu -> connector; python-base -> vllm-gpu ->
+    connector-gpu; python-base -> the rest."""
 
     def __init__(self, log: Log = print) -> None:
         self.root = cache_dir()
@@ -273,6 +286,23 @@ class Builder:
         self.buildah.bud(containerfile, ENGINE_INSTALL, tags, build_args, volumes)
         return self.finish("vllm-cpu", ref, key, started, archived=False)
 
+    def vllm_gpu_base(self, python: Built) -> Built:
+        """A stand-in for vllm/vllm-openai's CUDA 13 image, from PyPI (GPU_PINS)."""
+        containerfile = HERE / "vllm-gpu.Containerfile"
+        build_args = {"PYTHON_IMAGE": python.key_ref, **GPU_PINS}
+        key = digest(
+            RECIPE, containerfile.read_bytes(), python.key, json.dumps(build_args, sort_keys=True)
+        )
+        ref = "localhost/boomerang/vllm-gpu:latest"
+        hit = self.cached("vllm-gpu", ref, key, archived=False)
+        if hit:
+            return hit
+        self.log(f"images: vllm-gpu: torch, vLLM and NIXL from PyPI ({GPU_PINS}; minutes)")
+        started = time.monotonic()
+        tags = [f"localhost/boomerang/vllm-gpu:k-{key}"]
+        self.buildah.bud(containerfile, HERE, tags, build_args)
+        return self.finish("vllm-gpu", ref, key, started, archived=False)
+
     def redis(self, python: Built) -> Built:
         """Debian's redis-server on the Python base: what the real-node suite runs for the
         router's shared store, where users run the official redis image."""
@@ -288,21 +318,23 @@ class Builder:
         self.buildah.bud(containerfile, HERE, tags, {"PYTHON_IMAGE": python.key_ref})
         return self.finish("redis", ref, key, started, archived=True)
 
-    def image(self, name: str, build_args: dict[str, str], base: Built) -> Built:
+    def image(
+        self, name: str, build_args: dict[str, str], base: Built, archived: bool = True
+    ) -> Built:
         dockerfile = REPO / DOCKERFILES[name]
         key = digest(
             RECIPE, dockerfile.read_bytes(), tree_digest(copied_sources(dockerfile)),
             json.dumps(build_args, sort_keys=True), base.key,
         )  # fmt: skip
         ref = f"localhost/boomerang/{name}:{self.version}"
-        hit = self.cached(name, ref, key, archived=True)
+        hit = self.cached(name, ref, key, archived=archived)
         if hit:
             return hit
         self.log(f"images: {name}: buildah bud -f {DOCKERFILES[name]}")
         started = time.monotonic()
         tags = [f"localhost/boomerang/{name}:k-{key}"]
         self.buildah.bud(dockerfile, REPO, tags, build_args)
-        return self.finish(name, ref, key, started, archived=True)
+        return self.finish(name, ref, key, started, archived=archived)
 
     def build(self, names: tuple[str, ...] = NAMES) -> dict[str, Built]:
         with self.lock():
@@ -315,7 +347,12 @@ class Builder:
                     built[name] = self.redis(built["python-base"])
                 elif name == "connector":
                     built["vllm-cpu"] = vllm = self.vllm_base(built["python-base"])
-                    built[name] = self.image(name, {"VLLM_IMAGE": vllm.key_ref}, vllm)
+                    args = {"VLLM_IMAGE": vllm.key_ref, **LIBFABRIC}
+                    built[name] = self.image(name, args, vllm)
+                elif name == GPU:
+                    built["vllm-gpu"] = vllm = self.vllm_gpu_base(built["python-base"])
+                    args = {"VLLM_IMAGE": vllm.key_ref, **LIBFABRIC}
+                    built[name] = self.image(name, args, vllm, archived=False)
                 else:
                     args = {"PYTHON_IMAGE": built["python-base"].key_ref}
                     built[name] = self.image(name, args, built["python-base"])
@@ -337,8 +374,10 @@ def build_images(names: tuple[str, ...] = NAMES, log: Log = print) -> dict[str, 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    choices = (*NAMES, *STAND_INS)
-    parser.add_argument("names", nargs="*", help=f"among {', '.join(choices)} (default: all)")
+    choices = (*DEFAULT, *STAND_INS)
+    parser.add_argument(
+        "names", nargs="*", help=f"among {', '.join(choices)} (default: {', '.join(DEFAULT)})"
+    )
     parser.add_argument("--no-install", action="store_true", help="never apt-get the tools")
     parser.add_argument("--import", dest="socket", help="containerd socket to import them into")
     parser.add_argument("--namespace", default="k8s.io", help="containerd namespace")
@@ -349,14 +388,14 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"images: missing {' '.join(missing)} (Debian packages of the same names)")
         return 1
-    built = build_images(tuple(args.names) or NAMES)
+    built = build_images(tuple(args.names) or DEFAULT)
     for item in built.values():
         how = "cached" if item.seconds == 0.0 else f"built in {item.seconds:.0f} s"
         print(f"{item.name:12} {item.ref:40} {item.size:>8}  {how:16} {item.archive or ''}")
     if args.socket:
         from .containerd import import_images
 
-        tops = [built[name] for name in choices if name in built]
+        tops = [built[name] for name in choices if name in built and built[name].archive]
         for ref in import_images(tops, args.socket, namespace=args.namespace):
             print(f"imported {ref}")
     return 0

@@ -75,12 +75,16 @@ class Buildah:
         # TMPDIR: buildah's temporary copies and its RUN --mount=type=cache folders.
         return {**os.environ, "TMPDIR": str(self.tmp)}
 
-    def run(self, *args: str, capture: bool = False) -> str:
-        """Runs buildah; with `capture`, returns its stdout (stderr joins it on failure)."""
+    def run(self, *args: str, capture: bool = False, merge: bool = False) -> str:
+        """Runs buildah; with `capture`, returns its stdout (stderr joins it on failure, and
+        always with `merge`: a build's RUN steps write to both)."""
         if not capture:
             subprocess.run(self.cmd(*args), check=True, env=self.env)
             return ""
-        out = subprocess.run(self.cmd(*args), env=self.env, text=True, capture_output=True)
+        err = subprocess.STDOUT if merge else subprocess.PIPE
+        out = subprocess.run(
+            self.cmd(*args), env=self.env, text=True, stdout=subprocess.PIPE, stderr=err
+        )
         if out.returncode:
             raise subprocess.CalledProcessError(out.returncode, out.args, out.stdout, out.stderr)
         return out.stdout
@@ -130,7 +134,7 @@ class Buildah:
             volumes = (*volumes, f"{self.ca_bundle}:{HOST_CA_BUNDLE}:ro")
         for volume in volumes:
             args += ["--volume", volume]
-        return self.run(*args, str(context), capture=capture)
+        return self.run(*args, str(context), capture=capture, merge=capture)
 
     def run_in(
         self, ref: str, argv: list[str], timeout_s: float = 300.0

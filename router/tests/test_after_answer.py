@@ -78,7 +78,9 @@ def _text(events: list[dict[str, Any]]) -> str:
 
 
 async def test_a_handle_is_filed_although_the_client_left_at_done(world: Any) -> None:
-    w = await world(decode_spec={"stream_params": True, "version": "0.33.0"})
+    w = await world(
+        prefill_spec={"version": "0.33.0"}, decode_spec={"stream_params": True, "version": "0.33.0"}
+    )
     store = _slow_store(w)
     messages = [{"role": "user", "content": "hello there"}]
     events = await hang_up_at_done(w, chat(messages, conversation_id="c"))
@@ -92,7 +94,11 @@ async def test_a_handle_is_filed_although_the_client_left_at_done(world: Any) ->
 async def test_a_continued_turn_supersedes_its_old_handle_although_the_client_left(
     world: Any,
 ) -> None:
-    w = await world(decode_spec={"stream_params": True, "version": "0.33.0"}, **ADAPTIVE)
+    w = await world(
+        prefill_spec={"version": "0.33.0"},
+        decode_spec={"stream_params": True, "version": "0.33.0"},
+        **ADAPTIVE,
+    )
     _, retention = router_of(w, SLOW_P)
     _slow_store(w)
     messages = [{"role": "user", "content": "hello there"}]

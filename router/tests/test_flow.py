@@ -188,7 +188,9 @@ async def test_streaming_client_gets_reuse_from_an_engine_without_stream_params(
 
 
 async def test_streaming_passes_through_when_engine_streams_params(world: Any) -> None:
-    w = await world(decode_spec={"stream_params": True, "version": "0.33.0"})
+    w = await world(
+        prefill_spec={"version": "0.33.0"}, decode_spec={"stream_params": True, "version": "0.33.0"}
+    )
     history = [{"role": "user", "content": "hello"}]
     events = await stream(
         w, chat(history, conversation_id="s", stream_options={"include_usage": True})

@@ -1,4 +1,5 @@
-"""P/D pairing by engine revision: while a rollout runs two, a turn's P and D share one."""
+"""P/D pairing by engine revision and vLLM version: while a rollout runs two, a turn's P and D
+share one (vLLM's NIXL handshake refuses two vLLM releases, whatever the revisions say)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from boomerang.router.endpoints import Endpoint, Pool, compatible, pairable, par
 from boomerang.router.health import capabilities_from_metrics, revision_from_metrics
 
 
-def ep(url: str, role: str, revision: str | None) -> Endpoint:
-    return Endpoint(url, role, revision=revision)  # type: ignore[arg-type]
+def ep(url: str, role: str, revision: str | None, version: str | None = None) -> Endpoint:
+    return Endpoint(url, role, revision=revision, version=version)  # type: ignore[arg-type]
 
 
 def page(*revisions: str) -> bytes:
@@ -35,6 +36,18 @@ def test_engines_pair_within_one_revision_or_when_one_does_not_say(
     a: str | None, b: str | None, ok: bool
 ) -> None:
     assert compatible(ep("p", "prefill", a), ep("d", "decode", b)) is ok
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "ok"),
+    [("0.34.0", "0.34.0", True), ("0.32.0", "0.34.0", False), ("0.33.0", "0.34.0", False),
+     (None, "0.34.0", True), ("0.32.0+cpu", None, True)],
+)  # fmt: skip
+def test_engines_of_two_vllm_releases_never_pair_even_within_one_revision(
+    a: str | None, b: str | None, ok: bool
+) -> None:
+    assert compatible(ep("p", "prefill", "r1", a), ep("d", "decode", "r1", b)) is ok
+    assert compatible(ep("p", "prefill", None, a), ep("d", "decode", None, b)) is ok
 
 
 def test_a_rolled_prefill_is_not_offered_while_decode_is_held_on_the_old_revision() -> None:
@@ -74,8 +87,10 @@ def test_an_ejected_engine_is_identified_again_when_it_comes_back() -> None:
     d = ep("d0", "decode", "old")
     d.identified = True
     pool.endpoints = {"d0": d}
+    d.version = "0.32.0"
     assert pool.failed(d)
     assert not d.identified  # it may come back as another build
+    assert d.version is None
 
 
 # Through the router and the fake engines: each engine publishes its revision on /metrics.
@@ -150,6 +165,17 @@ async def test_a_conversation_stays_within_its_decoders_revision(world: Any) -> 
 
 async def test_no_pair_of_one_revision_serves_the_turn_on_prefill_alone(world: Any) -> None:
     w = await world(prefill_spec={"revision": "new"}, decode_spec={"revision": "old"})
+    await identified(w)
+    status, body = await post(w, chat([{"role": "user", "content": "hello"}]))
+    assert status == 200, body
+    assert w.decode[0].calls == []
+    assert await w.metric("boomerang_router_degraded_turns_total", missing="decode") == 1
+
+
+async def test_a_prefill_of_another_vllm_release_never_hands_kv_to_decode(world: Any) -> None:
+    """A 0.34 P beside a 0.32 D (engines that publish no revision, or a role's image
+    overridden under one revision): the turn is served on P alone, D gets nothing."""
+    w = await world(prefill_spec={"version": "0.34.0"}, decode_spec={"version": "0.32.0"})
     await identified(w)
     status, body = await post(w, chat([{"role": "user", "content": "hello"}]))
     assert status == 200, body

@@ -137,7 +137,11 @@ async def _equals(w: Any, path: str, n: float) -> bool:
 
 
 async def test_a_streamed_continue_relays_d_and_teaches_the_model(world: Any) -> None:
-    w = await world(decode_spec={"stream_params": True, "version": "0.33.0"}, **ADAPTIVE)
+    w = await world(
+        prefill_spec={"version": "0.33.0"},
+        decode_spec={"stream_params": True, "version": "0.33.0"},
+        **ADAPTIVE,
+    )
     router, retention = router_of(w, SLOW_P, learn=True)
     messages = [{"role": "user", "content": "hello there"}]
     for i in range(2):

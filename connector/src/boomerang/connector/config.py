@@ -80,14 +80,21 @@ ENGINE_REVISION_METRIC = "boomerang_engine_revision_info"
 revision while a rollout runs both."""
 
 ENGINE_CAPABILITY_METRIC = "boomerang_engine_capability_info"
-"""A gauge (value 1) per engine-side change of Boomerang's plugin that the router relies on,
-named by its `capability` label: `continue` (D frees the blocks of requests it served alone,
+"""A gauge per engine-side change of Boomerang's plugin that the router relies on, named by its
+`capability` label: `continue` (D frees the blocks of requests it served alone,
 `own_requests`), `pressure` (D's retained leases yield to live work when it runs out of KV
-blocks, `pressure`). Absent, the router does not take the path that needs it."""
+blocks, `pressure`). 1 when in force; 0 when not (the plugin refused this vLLM, or the patch did
+not apply). Absent or 0, the router does not take the path that needs it."""
 CONTINUE_CAPABILITY = "continue"
 PRESSURE_CAPABILITY = "pressure"
 """D may release a retained lease on its own: a router must claim a lease (the lease API's
 `/claim`) and have D confirm it before offering the handle to P."""
+CAPABILITIES = (CONTINUE_CAPABILITY, PRESSURE_CAPABILITY)
+"""Every capability the plugin publishes, in force or not."""
+
+STREAMS_PARAMS_SINCE = (0, 33)
+"""The first vLLM (major, minor) that puts D's `kv_transfer_params` on the final streamed chunk
+itself; before it, Boomerang's plugin adds them (and the router knows to expect them)."""
 
 LEASE_TOKEN_ENV = "BOOMERANG_LEASE_TOKEN"
 """The bearer token of the engine's lease API (`boomerang.connector.leases`); unset = the API

@@ -12,10 +12,10 @@ from typing import Any
 _gauges: dict[str, Any] = {}
 
 
-def set_info(name: str, documentation: str, label: str, value: str) -> bool:
-    """Set `name{label="value"} 1` (the gauge created once per process); False when
-    prometheus_client is missing (then the engine says nothing, and the router assumes
-    nothing)."""
+def set_info(name: str, documentation: str, label: str, value: str, level: int = 1) -> bool:
+    """Set `name{label="value"} level` (1: in force, 0: not; the gauge created once per
+    process); False when prometheus_client is missing (then the engine says nothing, and the
+    router assumes nothing)."""
     gauge = _gauges.get(name)
     if gauge is None:
         try:
@@ -23,5 +23,5 @@ def set_info(name: str, documentation: str, label: str, value: str) -> bool:
         except ImportError:
             return False
         gauge = _gauges[name] = Gauge(name, documentation, [label], multiprocess_mode="max")
-    gauge.labels(value).set(1)
+    gauge.labels(value).set(level)
     return True

