@@ -29,7 +29,7 @@ from cluster import Cluster, stop_process
 from kube import free_port, wait_until
 from monitoring_testing import promtool
 from operator_process import OperatorProcess
-from suite import apply, example, get_dd, patched, wait_ready
+from suite import CEL_ERRORS, apply, example, get_dd, patched, wait_ready
 
 pytestmark = pytest.mark.cluster
 
@@ -144,7 +144,7 @@ def test_kubectl_scale_resizes_decode_and_leaves_the_spec_alone(
     ids=["zero-replicas", "unknown-role", "name-not-deployment-role"],
 )
 def test_invalid_scalers_are_refused_at_admission_naming_the_field(
-    cluster: Cluster, namespace: str, change: dict[str, Any], field: str
+    cluster: Cluster, chart: str, namespace: str, change: dict[str, Any], field: str
 ) -> None:
     obj: dict[str, Any] = {
         "apiVersion": "boomerang.dev/v1alpha1",
@@ -158,9 +158,10 @@ def test_invalid_scalers_are_refused_at_admission_naming_the_field(
     )
     assert result.returncode != 0
     assert field in result.stderr, result.stderr
+    assert not [e for e in CEL_ERRORS if e in result.stderr], result.stderr
 
 
-def test_a_scaler_s_role_is_immutable(cluster: Cluster, namespace: str) -> None:
+def test_a_scaler_s_role_is_immutable(cluster: Cluster, chart: str, namespace: str) -> None:
     obj = {
         "apiVersion": "boomerang.dev/v1alpha1",
         "kind": "DisaggregatedRoleScaler",

