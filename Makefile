@@ -12,7 +12,7 @@ VENV := $(BOOMERANG_CACHE)/venv-dev-$(DEV_HASH)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bench-router bench-router-compare bench-wake bench-calls bench-fit bench-ttft bench-partial bench-agents bench-paths bench-production bench-retention print-venv dev engine tools redis lua prometheus node images install-yaml check lint types test unit demo cluster cluster-node crds
+.PHONY: bench-router bench-router-compare bench-wake bench-calls bench-fit bench-ttft bench-partial bench-agents bench-paths bench-production bench-kvindex bench-retention print-venv dev engine tools redis lua prometheus node images install-yaml check lint types test unit demo cluster cluster-node crds
 
 # The cached venv installs this checkout in editable mode; `.done` records which checkout, so a
 # fresh clone (CI) re-points it at its own files before testing them.
@@ -109,6 +109,9 @@ bench-wake: dev
 # Function calls per routed turn, counted (router/bench/call_count.py); ARGS="--ref COMMIT".
 bench-calls: dev
 	PYTHONPATH=$(BENCH_PATH) $(PY) -m call_count $(ARGS)
+# What the router's KV index costs at a million blocks (router/bench/bench_kvindex.py).
+bench-kvindex: dev
+	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench_kvindex $(ARGS)
 # The cost model's learning, per turn (router/bench/bench_fit.py); PYTHONPATH first if given.
 bench-fit: dev
 	PYTHONPATH=$(if $(PYTHONPATH),$(PYTHONPATH):)$(BENCH_PATH) $(PY) -m bench_fit $(ARGS)

@@ -47,7 +47,7 @@ async def until(check: Any, timeout: float = 10.0) -> None:
 
 
 def held(index: Index) -> int:
-    return index.cached_tokens(IDS, [URL]).get(URL, 0)
+    return index.cached_tokens(index.hashes(IDS), [URL]).get(URL, 0)
 
 
 async def stop(task: asyncio.Task[None]) -> None:
@@ -118,5 +118,5 @@ async def test_other_hashing_makes_the_index_unusable(engine: FakePublisher) -> 
     event["block_hashes"] = [h ^ 1 for h in event["block_hashes"]]  # another seed or algorithm
     await engine.send(event)
     await until(lambda: not index.usable)
-    assert index.cached_tokens(IDS, [URL]) == {}
+    assert index.hashes(IDS) is None and index.cached_tokens(HASHES, [URL]) == {}
     await stop(task)

@@ -129,16 +129,21 @@ class Index:
         self.drop(url)
         self.engines.release(url)
 
-    def cached_tokens(self, token_ids: Sequence[int], urls: Iterable[str]) -> dict[str, int]:
-        """For each engine, how many leading tokens of the prompt it holds in whole blocks
-        (empty when the index is not usable or its block size not known yet)."""
+    def hashes(self, token_ids: Sequence[int]) -> list[int] | None:
+        """The prompt's block hashes as the engines name them (None: the index cannot say)."""
+        if not self.usable or not self.block_size:
+            return None
+        return blockhash.prompt_hashes(token_ids, self.block_size, self.seed)
+
+    def cached_tokens(self, hashes: Sequence[int] | None, urls: Iterable[str]) -> dict[str, int]:
+        """For each engine, how many leading tokens of the prompt (`hashes`) it holds in
+        whole blocks (empty when the index cannot say)."""
         size = self.block_size
-        if not self.usable or not size:
+        if hashes is None or not self.usable or not size:
             return {}
         bits = {u: b for u in urls if (b := self.engines.known(u)) is not None}
         if not bits:
             return {}
-        hashes = blockhash.prompt_hashes(token_ids, size, self.seed)
         found = self.blocks.prefixes(hashes, bits.values())
         return {u: found.get(b, 0) * size for u, b in bits.items()}
 

@@ -87,8 +87,8 @@ class Serving:
         """What each prefill engine holds of the turn's prompt in its prefix cache: from the KV
         index when the prompt's ids are known, else what the conversation's last turn left on
         its P (in whole blocks of the deployment's block size, which its decoders report)."""
-        if self.kv is not None and turn.prompt_ids is not None and self.kv.usable:
-            found = self.kv.cached_tokens(turn.prompt_ids, self.prefill.endpoints)
+        if self.kv is not None and self.kv.usable:
+            found = self.kv.cached_tokens(self._hashes(turn), self.prefill.endpoints)
             if found:
                 return found
         sizes = [ep.block_size for ep in self.decode.endpoints.values() if ep.block_size]
@@ -96,9 +96,17 @@ class Serving:
 
     def held_by(self, turn: Turn, url: str) -> int | None:
         """How many leading tokens of the prompt decoder `url` holds (None: unknown)."""
-        if self.kv is None or turn.prompt_ids is None or not self.kv.usable:
+        if self.kv is None or not self.kv.usable:
             return None
-        return self.kv.cached_tokens(turn.prompt_ids, [url]).get(url)
+        return self.kv.cached_tokens(self._hashes(turn), [url]).get(url)
+
+    def _hashes(self, turn: Turn) -> list[int] | None:
+        """The prompt's block hashes, named once per turn (they cost ~4 us a block)."""
+        if turn.prompt_ids is None or self.kv is None:
+            return None
+        if turn.block_hashes is None:
+            turn.block_hashes = self.kv.hashes(turn.prompt_ids)
+        return turn.block_hashes
 
     def pick_prefill(self, turn: Turn, candidates: Sequence[Endpoint]) -> Endpoint:
         """The prefill engine for the turn: one with a decoder of its revision (and one that

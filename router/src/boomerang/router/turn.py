@@ -117,6 +117,8 @@ class Turn:
     p_ep: Endpoint | None = None
     """The prefill engine chosen for the turn (tokenize and prefill go to the same one)."""
     prompt_ids: list[int] | None = None
+    block_hashes: list[int] | None = None
+    """The prompt's blocks as the engines' KV events name them (`serving.Serving._hashes`)."""
     first_sent: bool = False
     first_at: float = 0.0
     """`perf_counter` when the client got the first byte (0: not yet)."""
