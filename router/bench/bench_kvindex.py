@@ -4,9 +4,9 @@
 
 Fills `kvindex.BlockIndex` with a million random 64-bit block hashes spread over 16 engines
 (as `kvevents.Index` does from `BlockStored` events), then times: applying a stored event
-(128 blocks), a removal, naming a prompt's blocks as vLLM does (the router hashes an 8k-token
-prompt's 64 blocks), and the lookup a turn makes (the longest prefix on every engine). It prints the table; the numbers are CPU time on this
-machine, the bytes are exact.
+(128 blocks), a removal, naming a prompt's blocks as vLLM does (the router hashes an
+8k-token prompt's 64 blocks), and the lookup a turn makes (the longest prefix on every
+engine). It prints the table; the times are CPU time on this machine, the bytes exact.
 """
 
 from __future__ import annotations
