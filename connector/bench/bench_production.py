@@ -9,7 +9,8 @@ regime.
 Modes (router and engine settings; everything else is `examples/local-cpu.yaml` with P's prefix
 cache on):
 - `plain`: bidirectional transfer off on the engines, the router routing by least load;
-- `affinity`: the same, with conversation affinity for P and D (what llm-d and Dynamo do);
+- `affinity`: the same, with conversation affinity for P and D and routing by the engines' KV
+  events (what llm-d and Dynamo do);
 - `static`, `adaptive`: Boomerang (bidirectional on) in each tuning mode.
 Regimes: `spare` (KV to spare), `pressure` (both engines at `PRESSURE_BLOCKS` blocks, so that
 retained and active work exceed them), `2p1d` and `2p2d` (two prefill engines, one or two
@@ -70,7 +71,9 @@ class Mode:
 
 
 MODES: dict[str, Mode] = {
-    "plain": Mode(False, {"bidirectional": False, "affinity": False}),
+    "plain": Mode(
+        False, {"bidirectional": False, "affinity": False, "kv_events": {"enabled": False}}
+    ),
     "affinity": Mode(False, {"bidirectional": False, "affinity": True}),
     "static": Mode(True, {"tuning": {"mode": "static"}}),
     "adaptive": Mode(True, {"tuning": {"mode": "adaptive", "itl_budget_s": ITL_BUDGET_S}}),

@@ -52,12 +52,12 @@ def default_handle_ttl(decoder_ttl_s: float) -> float:
     return decoder_ttl_s - P_DECLINE_WINDOW_S - max(5.0, 0.1 * decoder_ttl_s)
 
 
-KV_EVENTS_PORT_OFFSET = 20000
+KV_EVENTS_PORT_OFFSET = 1000
 """An engine publishes its KV cache events (vLLM's ZMQ publisher) on its HTTP port plus this,
 and answers replay requests on its HTTP port plus `KV_REPLAY_PORT_OFFSET`: the router finds
-both from the engine's URL, whether every pod listens on 8000 or the local runtime's replicas
-on consecutive ports."""
-KV_REPLAY_PORT_OFFSET = 30000
+both from the engine's URL, whether every pod listens on 8000 (9000 and 10000) or the local
+runtime's replicas on consecutive ports."""
+KV_REPLAY_PORT_OFFSET = 2000
 KV_EVENTS_TOPIC = "kv"
 
 

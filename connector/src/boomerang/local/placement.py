@@ -124,7 +124,14 @@ def plan(counts: Mapping[Role, int], ports: LocalPorts, cpus: Sequence[int]) -> 
 def _check_ports(replicas: Sequence[Replica], ports: LocalPorts) -> None:
     owner: dict[int, str] = {ports.router: "the router"}
     for r in replicas:
-        for kind, port in (("HTTP", r.http_port), ("NIXL side-channel", r.side_channel_port)):
+        events = r.http_port + connector.KV_EVENTS_PORT_OFFSET
+        replay = r.http_port + connector.KV_REPLAY_PORT_OFFSET
+        for kind, port in (
+            ("HTTP", r.http_port),
+            ("NIXL side-channel", r.side_channel_port),
+            ("KV events", events),
+            ("KV event replay", replay),
+        ):
             what = f"{r.name}'s {kind} port"
             if port > MAX_PORT:
                 raise PlacementError(f"{what} would be {port}, past {MAX_PORT}: too many replicas")
