@@ -384,7 +384,9 @@ def order(modes: Sequence[str], rounds: int) -> list[list[str]]:
 def timing_for(s: Sitting, es: Engines, regime: Regime) -> dict[str, Any]:
     cost = calibrate.measure(es.prefill[0], es.dd.spec.model.served_name)
     longest = 6000  # 3k first prompt + five 200-token turns + five 96-token answers, rounded up
-    stall = max(15.0, 4 * cost.seconds(longest))
+    # A stall waits for memory: until a timeout or D's TTL (minutes). On two cores with three
+    # engines and eight clients, queueing alone reaches 15 s, so the bound sits above it.
+    stall = max(30.0, 8 * cost.seconds(longest))
     timeouts = {
         "prefill_s": 10 * stall,
         "decode_first_byte_s": 10 * stall,

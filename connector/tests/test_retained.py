@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from boomerang.connector import leases, pressure
-from boomerang.connector.retained import RetainedBook, blocks_for, shortfall
+from boomerang.connector.retained import RetainedBook, blocks_for
 
 NOW = 0.0
 
@@ -58,10 +58,13 @@ def test_unclaim_and_prune_and_hint() -> None:
 
 
 @pytest.mark.parametrize(
-    ("need", "free", "reserved", "missing"), [(4, 10, 0, 0), (4, 3, 0, 1), (4, 10, 8, 2)]
+    ("running", "free", "needed", "missing"),
+    [(0, 10, 4, 0), (0, 3, 4, 1), (8, 10, 0, 0), (8, 5, 0, 3), (8, 5, 4, 7)],
 )
-def test_shortfall_follows_vllms_admission_rule(need, free, reserved, missing) -> None:
-    assert shortfall(need, free, reserved) == missing
+def test_headroom_keeps_a_block_per_running_request_and_what_a_newcomer_needs(
+    running, free, needed, missing
+) -> None:
+    assert pressure.headroom(running, free, needed) == missing
 
 
 def test_blocks_for_rounds_up() -> None:
@@ -102,6 +105,7 @@ class Manager:
 
 class Scheduler:
     def __init__(self, manager: Manager, waiting: list[Any]) -> None:
+        self.running: list[Any] = []
         self.kv_cache_manager = manager
         self.block_size = 4
         self.requests: dict[str, Any] = {}
@@ -178,3 +182,13 @@ def test_yield_unclaimed_queues_every_unclaimed_lease_for_the_next_step() -> Non
     assert b.yield_unclaimed(NOW) == ["a", "c"]
     assert b.take_queued() == ["a", "c"] and b.take_queued() == []
     assert b.claim(["a", "b"]) == {"held": ["b"], "gone": ["a"]}
+
+
+def test_running_requests_keep_headroom_before_they_would_be_preempted() -> None:
+    manager = Manager(total=9)  # 8 usable
+    scheduler = Scheduler(manager, [])
+    retain(scheduler, "old", 12, deadline=1.0)  # 3 blocks
+    retain(scheduler, "young", 12, deadline=2.0)  # 3 blocks: 2 free
+    scheduler.running = [object()] * 4  # four decodes, each may need a block next step
+    out = pressure.wrap_schedule(Scheduler.schedule)(scheduler)
+    assert getattr(out.kv_connector_metadata, pressure.RELEASE_ATTR) == ["old"]

@@ -33,7 +33,7 @@ from typing import Any
 
 from boomerang.connector import leases
 from boomerang.connector.config import LEASE_TOKEN_ENV
-from boomerang.connector.retained import RetainedBook, blocks_for, shortfall
+from boomerang.connector.retained import RetainedBook, blocks_for
 
 log = logging.getLogger("boomerang.connector.pressure")
 
@@ -100,18 +100,19 @@ def _freeable(manager: Any, request_id: str) -> int:
     return sum(1 for b in _held(manager, request_id) if pool[b].ref_cnt == 1)
 
 
-def _missing(manager: Any, block_size: int, request: Any, kwargs: dict[str, Any]) -> int:
-    """How many blocks `request` lacked (an upper bound: prefix-cache hits are not
-    subtracted, so a little more may yield than strictly needed)."""
+def _needed(manager: Any, block_size: int, request: Any, kwargs: dict[str, Any]) -> int:
+    """How many free blocks `request` needed to be admitted, those kept for transfers under
+    way included (an upper bound: prefix-cache hits are not subtracted, so a little more may
+    yield than strictly needed)."""
     tokens = request.num_tokens + int(kwargs.get("num_lookahead_tokens") or 0)
     need = blocks_for(tokens, block_size) - len(_held(manager, request.request_id))
     need = max(1, need) + int(getattr(manager, "watermark_blocks", 0) or 0)
-    free = manager.block_pool.get_num_free_blocks()
-    return shortfall(need, free, int(kwargs.get("reserved_blocks") or 0))
+    return need + int(kwargs.get("reserved_blocks") or 0)
 
 
 def _probe_allocations(scheduler: Any) -> list[int]:
-    """This scheduler's list of shortfalls in the current step (installs the probe once)."""
+    """This scheduler's list of what refused requests needed in the current step (installs
+    the probe once)."""
     failures: list[int] | None = getattr(scheduler, _FAILURES, None)
     if failures is not None:
         return failures
@@ -125,7 +126,7 @@ def _probe_allocations(scheduler: Any) -> list[int]:
     def allocate_slots(request: Any, *args: Any, **kwargs: Any) -> Any:
         blocks = allocate(request, *args, **kwargs)
         if blocks is None:
-            failures.append(_missing(manager, block_size, request, kwargs))
+            failures.append(_needed(manager, block_size, request, kwargs))
         return blocks
 
     manager.allocate_slots = allocate_slots
@@ -171,16 +172,28 @@ def _prune(book: RetainedBook, scheduler: Any) -> None:
             lease.releasing = False  # its release was lost: it may be chosen again
 
 
+def headroom(running: int, free: int, needed: int) -> int:
+    """Blocks to free so that the next step needs no preemption: every running request may need
+    a new block in a step (a decode crosses a block boundary), and a request that could not be
+    admitted needed `needed` free blocks (pure)."""
+    return max(0, running + needed - free)
+
+
 def wrap_schedule(original: Any) -> Any:
-    """`Scheduler.schedule`, followed by the release of what a failed allocation lacked."""
+    """`Scheduler.schedule`, then the release of what live work will need: what a failed
+    allocation lacked, and the headroom that keeps the running requests from being preempted
+    (a release frees its blocks a step later, and vLLM preempts a running request the moment
+    it cannot extend it: preempted, it computes its whole context again)."""
 
     @functools.wraps(original)
     def schedule(self: Any, *args: Any, **kwargs: Any) -> Any:
         failures = _probe_allocations(self)
         failures.clear()
         output = original(self, *args, **kwargs)
-        if failures:
-            relieve(self, output, max(failures))
+        free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+        missing = headroom(len(self.running), free, max(failures, default=0))
+        if missing:
+            relieve(self, output, missing)
         owner = connector_scheduler(self)
         if owner is not None and (queued := book_of(owner).take_queued()):
             _name(output, queued)

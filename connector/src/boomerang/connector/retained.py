@@ -144,11 +144,5 @@ class RetainedBook:
         }
 
 
-def shortfall(need: int, free: int, reserved: int) -> int:
-    """Blocks missing for a request that needs `need` when `free` are free and `reserved` of
-    them are kept for in-flight transfers (vLLM's own admission rule)."""
-    return max(0, need - (free - reserved))
-
-
 def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size) if block_size > 0 else 0

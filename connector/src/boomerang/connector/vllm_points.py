@@ -131,7 +131,7 @@ SCHEDULER = Point(
     "vllm.v1.core.sched.scheduler",
     "Scheduler",
     "pressure",
-    attributes=("requests", "kv_cache_manager", "block_size", "connector"),
+    attributes=("requests", "running", "kv_cache_manager", "block_size", "connector"),
 )
 SCHEDULE = Point(SCHEDULER.module, "Scheduler.schedule", "pressure", params=("self",))
 ALLOCATE_SLOTS = Point(

@@ -11,10 +11,10 @@ out) means the handle is not offered to P: the turn treats it as released (D's p
 may still hold the blocks for a continued turn; P computes otherwise). A decoder without the
 capability never releases a lease on its own: its handles are offered as before, unclaimed.
 
-The claim runs beside the tokenize call that verifies the handle, so it costs a turn nothing
-unless D answers slower than P tokenizes (D answers between two of its engine steps). A turn
-that claimed a handle and then did not offer it to P (it went back to the store) unclaims it
-in the background, so that it may yield to pressure again.
+The claim starts as soon as the turn has taken the handle, and only a pull waits for D's
+answer (D answers between two of its engine steps): a turn that continues on D or recomputes
+on P never reads the lease. A turn that claimed a handle and then did not offer it to P (it
+went back to the store) unclaims it in the background, so that it may yield to pressure again.
 """
 
 from __future__ import annotations

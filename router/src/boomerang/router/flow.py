@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from asyncio import Task
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +39,7 @@ from boomerang.router.plan import Facts, Plan, adaptive_plan, after_failure, sta
 from boomerang.router.reuse import REJECTED, Outcome, decide
 from boomerang.router.serving import Serving
 from boomerang.router.settle import settle
-from boomerang.router.turn import Turn
+from boomerang.router.turn import Claim, Turn
 from boomerang.router.upstream import post_json, timeout
 from boomerang.router.validation import ClientRequest
 
@@ -55,18 +56,20 @@ class Router(Serving):
     async def handle(self, request: web.Request, req: ClientRequest, tenant: str) -> Any:
         """Serve one request (any API, `apis/`); returns the response already sent."""
         turn = Turn(req, tenant)
+        claim: Task[Claim] | None = None
         try:
             route, why = self._route()  # 1. P then D, or one engine alone
             await self._take(turn)  # 2. the conversation: its placement and handle
             if route != "pd":
                 return await Alone(self, route, why).run(request, turn)
-            await self._identify(turn)  # the prompt's ids where they help; D's claim
+            claim = self._claim(turn)  # D confirms the handle's lease, meanwhile
+            await self._identify(turn)  # the prompt's ids where they help
             self._choose_prefill(turn)
             self._verify(turn)  # 3. the handle against the new prompt
             plan = self._plan(turn)  # 4. the legs to try
-            return await self._run(request, turn, plan)  # 5. until one answers
+            return await self._run(request, turn, plan, claim)  # 5. until one answers
         finally:
-            await self._finish(turn)  # 6. restore an unused handle, count, log
+            await self._finish(turn, claim)  # 6. restore an unused handle, count, log
 
     # -- 1. route ---------------------------------------------------------------------------
 
@@ -117,13 +120,11 @@ class Router(Serving):
 
     async def _identify(self, turn: Turn) -> None:
         """The prompt's token ids, when they can verify a handle or tell which P holds the
-        prompt (the KV index, with more than one P); D confirms the handle's lease meanwhile
-        (`claims.py`)."""
+        prompt (the KV index, with more than one P)."""
         steer = self.indexed() and len(self.prefill.candidates()) > 1
         if turn.handle is None and not steer:
             return
-        ids, _ = await asyncio.gather(self._prompt_ids(turn), self._claim(turn))
-        turn.prompt_ids = ids
+        turn.prompt_ids = await self._prompt_ids(turn)
 
     def _verify(self, turn: Turn) -> None:
         """Decide on the new prompt's token ids what of a taken handle P may reuse."""
@@ -145,12 +146,21 @@ class Router(Serving):
         ids = apis.of(turn.req.kind).known_prompt_ids(turn.req)
         return ids if ids is not None else await self._tokenize(turn)
 
-    async def _claim(self, turn: Turn) -> None:
-        """Claim the taken handle's lease on its decoder, if that decoder's leases may yield to
-        pressure; one D does not confirm is treated as released (never offered to P)."""
+    def _claim(self, turn: Turn) -> Task[Claim] | None:
+        """Start claiming the taken handle's lease on its decoder (`claims.py`). Only a pull
+        waits for D's answer (`_claimed`): a turn that continues on D or recomputes on P does
+        not read the lease, and does not wait for D's next engine step."""
         if turn.handle is None or turn.handle.released or self.claims is None:
+            return None
+        holder = self.decode.get(turn.handle.decode_url)
+        return asyncio.ensure_future(self.claims.claim(holder, turn.handle))
+
+    async def _claimed(self, turn: Turn, claim: Task[Claim] | None) -> None:
+        """D's answer to the claim: one D did not confirm is treated as released (never
+        offered to P)."""
+        if claim is None or turn.claim is not None:
             return
-        turn.claim = await self.claims.claim(self.decode.get(turn.handle.decode_url), turn.handle)
+        turn.claim = await claim
         if not may_offer(turn.claim):
             turn.lease_gone()
 
@@ -227,11 +237,20 @@ class Router(Serving):
             return None
         return holder
 
-    async def _run(self, request: web.Request, turn: Turn, plan: Plan | None) -> web.StreamResponse:
-        """The plan's legs in order until one answers (no plan: P then D as it comes)."""
+    async def _run(
+        self, request: web.Request, turn: Turn, plan: Plan | None, claim: Task[Claim] | None
+    ) -> web.StreamResponse:
+        """The plan's legs in order until one answers (no plan: P then D as it comes); before
+        a pull, D's claim of the lease (a lease D did not confirm: plan again without it)."""
         legs = plan.legs if plan is not None else (Path.RECOMPUTE,)
         while True:
             path, legs = legs[0], legs[1:]
+            if path is Path.PULL and turn.claim is None and claim is not None:
+                await self._claimed(turn, claim)
+                if turn.handle is not None and turn.handle.released:
+                    plan = self._plan(turn)
+                    legs = plan.legs if plan is not None else (Path.RECOMPUTE,)
+                    continue
             if path is Path.RECOMPUTE and turn.handle is not None and turn.reuse is not None:
                 self.release(turn.decline(), "recompute")  # a fallback that computes on P
             holder = self._continue_holder(turn) if path is Path.CONTINUE else None
@@ -247,8 +266,13 @@ class Router(Serving):
 
     # -- 6. finish ----------------------------------------------------------------------------
 
-    async def _finish(self, turn: Turn) -> None:
+    async def _finish(self, turn: Turn, claim: Task[Claim] | None) -> None:
         """Put back a handle no P received, count the turn's outcome and log it."""
+        if claim is not None and turn.claim is None:
+            if claim.done() and not claim.cancelled():
+                await self._claimed(turn, claim)  # the store gets what D said of the lease
+            else:
+                claim.cancel()  # not needed: at worst D keeps the lease claimed (safe)
         handle = turn.restore()
         if handle is not None and turn.claim == "held" and self.claims is not None:
             self.claims.unclaim(handle)  # not offered to P after all: it may yield again
