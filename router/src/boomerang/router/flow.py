@@ -64,6 +64,8 @@ class Router(Serving):
                 return await Alone(self, route, why).run(request, turn)
             claim = self._claim(turn)  # D confirms the handle's lease, meanwhile
             await self._identify(turn)  # the prompt's ids where they help
+            if not self.indexed():  # no events to say what D holds: its claim says it
+                await self._claimed(turn, claim)
             self._choose_prefill(turn)
             self._verify(turn)  # 3. the handle against the new prompt
             plan = self._plan(turn)  # 4. the legs to try
@@ -217,13 +219,14 @@ class Router(Serving):
         return plan
 
     def _held_on_holder(self, turn: Turn, reusable: int) -> int:
-        """What the holder still has of the prompt: the pinned blocks of a live lease at
-        least, and what its KV events say it caches; for a released lease only what the
-        events say (without them nothing is assumed: D may have evicted it all)."""
+        """What the holder still has of the prompt: what its KV events say it caches (pinned
+        blocks are cached and never evicted, so they are in it); without the index, the pinned
+        blocks of a lease D confirmed, and nothing of a released one (D may have evicted it)."""
         assert turn.handle is not None
         indexed = self.held_by(turn, turn.handle.decode_url)
-        pinned = 0 if turn.handle.released else reusable
-        return max(pinned, indexed or 0)
+        if indexed is not None:
+            return indexed
+        return 0 if turn.handle.released else reusable
 
     def _continue_holder(self, turn: Turn) -> Endpoint | None:
         """The decoder holding the history, if it may serve the turn itself: listed, not

@@ -129,6 +129,11 @@ class Index:
         self.drop(url)
         self.engines.release(url)
 
+    @property
+    def ready(self) -> bool:
+        """Whether the index can answer: the hashing matches and an engine said its block size."""
+        return self.usable and self.block_size is not None
+
     def hashes(self, token_ids: Sequence[int]) -> list[int] | None:
         """The prompt's block hashes as the engines name them (None: the index cannot say)."""
         if not self.usable or not self.block_size:

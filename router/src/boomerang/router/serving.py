@@ -81,7 +81,7 @@ class Serving:
 
     def indexed(self) -> bool:
         """Whether the KV index can say what engines hold."""
-        return self.kv is not None and self.kv.usable
+        return self.kv is not None and self.kv.ready
 
     def cached(self, turn: Turn) -> Mapping[str, int]:
         """What each prefill engine holds of the turn's prompt in its prefix cache: from the KV
