@@ -16,14 +16,16 @@ Regimes: `spare` (KV to spare), `pressure` (both engines at `PRESSURE_BLOCKS` bl
 retained and active work exceed them), `2p1d` and `2p2d` (two prefill engines, one or two
 decoders).
 
-Method, per regime: engine sets alternate (bidirectional off, on, off), and within each set the
-modes alternate ABBA over `--rounds`; every run gets a fresh router, its own text (so no run's
-prompts hit another's prefix cache) and the same conversation shapes (the client's seeded
-generator); between runs D's retained leases are released (`POST /yield`). Per run: TTFT of
-first turns and follow-ups (p50/p90/p99), end-to-end latency, wall time, turns/s, stalled turns
-(TTFT over a bound several times the longest prompt's measured prefill), tokens computed,
-cached and pulled on P and D (the engines' own `prompt_tokens_by_source`), and D's retained
-block-seconds (its lease API, sampled every second). Router timeouts sit ten times above the
+Method, per regime: the two engine sets (bidirectional off and on) run side by side when they
+fit (1P1D: four engines), and every mode's runs alternate ABBA over `--rounds` in one window;
+else the sets alternate (off, on, off) with the modes ABBA within each. Every run gets a fresh
+router, its own text (so no run's prompts hit another's prefix cache) and the same
+conversation shapes (the client's seeded generator); between runs D's retained leases are
+released (`POST /yield`). Per run: TTFT of first turns and follow-ups (p50/p90/p99),
+end-to-end latency, wall time, turns/s, stalled turns (TTFT over a bound several times the
+longest prompt's measured prefill), tokens computed, cached and pulled on P and D (the
+engines' own `prompt_tokens_by_source`), and D's retained block-seconds (its lease API,
+sampled every second). Router timeouts sit ten times above the
 stall bound, so that none can hide a stall.
 
     make bench-production                      # every regime, 2 rounds (about an hour)
@@ -132,12 +134,35 @@ def manifest(regime: Regime, bidirectional: bool) -> Any:
     return DisaggregatedDeployment.model_validate(data)
 
 
+PORTS = stack.LocalPorts(
+    router=38080,
+    prefill=38100,
+    decode=38200,
+    prefill_side_channel=35600,
+    decode_side_channel=35700,
+)
+"""The benchmark's own ports (replica i of a role adds i): apart from `boomerang up`'s."""
+PORTS_B = stack.LocalPorts(
+    router=48080,
+    prefill=48100,
+    decode=48200,
+    prefill_side_channel=45600,
+    decode_side_channel=45700,
+)
+"""A second engine set beside the first (its events and replay ports too stay apart)."""
+SIDE_BY_SIDE_ENGINES = 4
+"""Both engine sets of a regime run at once when they have this many engines in all (1P1D
+twice): the runs of every mode then alternate in one window, with no drift of the host's
+speed between the sets (measured: up to 5x on follow-up TTFT between two sets in a row)."""
+
+
 @dataclass
 class Engines:
     """One engine set: P and D urls, the processes, the lease token."""
 
     dd: Any
     run_dir: Path
+    ports: stack.LocalPorts = PORTS
     prefill: list[str] = field(default_factory=list)
     decode: list[str] = field(default_factory=list)
     pids: list[int] = field(default_factory=list)
@@ -147,32 +172,24 @@ class Engines:
         return stack.read_lease_token(self.run_dir)
 
 
-PORTS = stack.LocalPorts(
-    router=38080,
-    prefill=38100,
-    decode=38200,
-    prefill_side_channel=35600,
-    decode_side_channel=35700,
-)
-"""The benchmark's own ports (replica i of a role adds i): apart from `boomerang up`'s."""
-
-
 @contextlib.contextmanager
-def engines(dd: Any, venv: Path, log: Any = print) -> Iterator[Engines]:
+def engines(
+    dd: Any, venv: Path, log: Any = print, ports: stack.LocalPorts = PORTS
+) -> Iterator[Engines]:
     """Every engine replica `dd` asks for, placed as `boomerang up` places them (ports and a
     core per replica, `boomerang.local.placement`), lease API on; stopped on exit."""
     run_dir = Path(tempfile.mkdtemp(prefix="boomerang-bench-production-"))
     env = dict(os.environ)
     stack.build_model(venv, dd.spec.model.source, env)
     token = stack.read_lease_token(run_dir)
-    es = Engines(dd, run_dir)
-    replicas = placement.plan(stack.replica_counts(dd), PORTS, sorted(os.sched_getaffinity(0)))
+    es = Engines(dd, run_dir, ports=ports)
+    replicas = placement.plan(stack.replica_counts(dd), ports, sorted(os.sched_getaffinity(0)))
     specs = [
         stack.engine_spec(
             dd,
             r.role,
             engine_venv=venv,
-            ports=PORTS,
+            ports=ports,
             run_dir=run_dir,
             base_env=env,
             lease_token=token,
@@ -198,7 +215,7 @@ def engines(dd: Any, venv: Path, log: Any = print) -> Iterator[Engines]:
 def router_config(es: Engines, overrides: dict[str, Any], port: int) -> Any:
     return stack.router_settings(
         es.dd,
-        PORTS,
+        es.ports,
         listen_port=port,
         lease_token_file=str(stack.lease_token_file(es.run_dir)),
         log_json=True,
@@ -318,10 +335,27 @@ class Sitting:
         print(message, flush=True)
 
 
-def one_run(s: Sitting, es: Engines, regime: str, name: str, timing: dict[str, Any]) -> None:
+WARM_UP_CONVERSATIONS = 8
+
+
+def warm_up(s: Sitting, es: Engines, regime: str, name: str, timing: dict[str, Any]) -> None:
+    """A short run, not recorded, on engines just started: the first requests of a fresh CPU
+    engine are slower (its kernels meet each new shape once), which would fall on one mode."""
+    one_run(s, es, regime, name, timing, record=False)
+
+
+def one_run(
+    s: Sitting,
+    es: Engines,
+    regime: str,
+    name: str,
+    timing: dict[str, Any],
+    record: bool = True,
+) -> None:
     """One mode on running engines: fresh router, fresh text, the client, the counters."""
     s.serial += 1
-    work = s.out / "runs" / f"{s.serial:02d}-{regime}-{name}"
+    n = s.args.conversations if record else WARM_UP_CONVERSATIONS
+    work = s.out / "runs" / f"{s.serial:02d}-{regime}-{name}{'' if record else '-warm-up'}"
     work.mkdir(parents=True, exist_ok=True)
     lines = corpus(seed=1000 + s.serial, lines=6000)
     (work / "text.txt").write_text("\n".join(lines) + "\n")
@@ -338,7 +372,7 @@ def one_run(s: Sitting, es: Engines, regime: str, name: str, timing: dict[str, A
                 url=url,
                 model_dir=model_dir("tiny"),
                 served_name=es.dd.spec.model.served_name,
-                config=conversations(s.args.conversations),
+                config=conversations(n),
                 clients=s.args.clients,
                 seed=s.args.seed,
                 workdir=work,
@@ -350,6 +384,8 @@ def one_run(s: Sitting, es: Engines, regime: str, name: str, timing: dict[str, A
         ran = time.perf_counter() - t0
         after = {"p": token_sources(es.prefill), "d": token_sources(es.decode)}
         counts = router_counts(url)
+    if not record:
+        return
     run = {
         "regime": regime,
         "mode": name,
@@ -398,12 +434,33 @@ def timing_for(s: Sitting, es: Engines, regime: Regime) -> dict[str, Any]:
 
 def regime_runs(s: Sitting, regime: str) -> None:
     spec = REGIMES[regime]
-    for names in order(s.args.modes, s.args.rounds):
+    modes = s.args.modes
+    both = {MODES[m].bidirectional for m in modes} == {True, False}
+    if both and 2 * (spec.prefill + spec.decode) <= SIDE_BY_SIDE_ENGINES:
+        side_by_side(s, regime, spec)
+        return
+    for names in order(modes, s.args.rounds):
         dd = manifest(spec, MODES[names[0]].bidirectional)
         with engines(dd, s.venv, s.log) as es:
             timing = timing_for(s, es, spec)
+            warm_up(s, es, regime, names[0], timing)
             for name in names:
                 one_run(s, es, regime, name, timing)
+
+
+def side_by_side(s: Sitting, regime: str, spec: Regime) -> None:
+    """Both engine sets at once; every mode's runs alternate ABBA over the rounds. Between runs
+    D releases what it retained (`one_run`), so the set not in use sits idle."""
+    off, on = manifest(spec, False), manifest(spec, True)
+    with engines(off, s.venv, s.log) as e_off, engines(on, s.venv, s.log, PORTS_B) as e_on:
+        timing = timing_for(s, e_on, spec)
+        modes = list(s.args.modes)
+        for es, bidirectional in ((e_off, False), (e_on, True)):
+            name = next(m for m in modes if MODES[m].bidirectional == bidirectional)
+            warm_up(s, es, regime, name, timing)
+        for r in range(s.args.rounds):
+            for name in modes if r % 2 == 0 else modes[::-1]:
+                one_run(s, e_on if MODES[name].bidirectional else e_off, regime, name, timing)
 
 
 def results(s: Sitting) -> dict[str, Any]:

@@ -44,9 +44,9 @@ def _templates(objs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def test_static_is_the_default_with_the_documented_bounds() -> None:
+def test_adaptive_is_the_default_with_the_documented_bounds() -> None:
     t = deployment().spec.kv_transfer.tuning
-    assert t.mode == "Static"
+    assert t.mode == "Adaptive"
     assert (t.break_even.min_tokens, t.break_even.max_tokens) == (0, 1_000_000)
     assert t.continue_on_decode.enabled and t.continue_on_decode.max_suffix_tokens == 1024
     assert t.continue_on_decode.itl_budget == "50ms"
@@ -174,7 +174,9 @@ def _kv(kube: MemoryKube) -> dict[str, Any]:
 
 
 def test_static_status_says_the_mode_and_nothing_learned() -> None:
-    kube = MemoryKube(body())
+    data = body()
+    data["spec"].setdefault("kvTransfer", {})["tuning"] = {"mode": "Static"}
+    kube = MemoryKube(data)
     gate = StatusGate()
     reconcile(kube.owner, kube, NOW, gate)
     refresh_status(kube.owner, kube, NOW, gate, learned=tuning.learned(STATE))

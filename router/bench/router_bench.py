@@ -352,7 +352,9 @@ def engines_and_router(
     url = {role: f"http://127.0.0.1:{port}" for role, port in zip("pdr", ports, strict=True)}
     delay = ["--chunk-delay-ms", str(chunk_delay_ms)]
     engines = spawn(["-m", "router_bench", "--serve-engines", *ports[:2], *delay], None)
+    # Static: every turn after a conversation's first is a verified pull (what is measured).
     flags = ["--host", "127.0.0.1", "--port", ports[2], "--log-level", "WARNING"]
+    flags += ["--tuning-mode", "static"]
     flags += ["--prefill", url["p"], "--decode", url["d"]]
     router = spawn([*router_cmd, *flags], router_cpus)
     try:

@@ -80,6 +80,11 @@ async def world() -> AsyncIterator[WorldFactory]:
             # threshold (64) a real P recomputes them, and the router offers P only what it
             # would pull. Tests of the threshold set their own.
             "recompute_threshold": 0,
+            # The mechanics these tests check are the P/D flow's; adaptive tests say so. The
+            # fake P has no prefix cache: no placement to keep a conversation on (affinity
+            # tests say so), or static would let every handle go (P would hold the history).
+            "tuning": {"mode": "static"},
+            "affinity": False,
             **config,
         }
         router = TestServer(

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from fake_tokenizer import render_chat
-from router_testing import chat, d_caches, post
+from router_testing import chat, d_caches, filed, post
 
 from boomerang.router.affinity import Affinity, Placement, cached_tokens
 from boomerang.router.app import ROUTER
@@ -51,7 +51,7 @@ async def conversation_turns(w: Any, turns: int, **extra: Any) -> None:
 
 @pytest.mark.parametrize("bidirectional", [True, False])
 async def test_a_conversation_stays_on_its_engines(world: Any, bidirectional: bool) -> None:
-    w = await world(n_prefill=2, n_decode=2, bidirectional=bidirectional)
+    w = await world(n_prefill=2, n_decode=2, bidirectional=bidirectional, affinity=True)
     await conversation_turns(w, 4)  # no conversation id: found by fingerprint
     counts = [len(e.calls) for e in w.prefill], [len(e.calls) for e in w.decode]
     assert sorted(counts[0]) == [0, 4] and sorted(counts[1]) == [0, 4]
@@ -66,7 +66,7 @@ async def test_without_affinity_plain_turns_spread(world: Any) -> None:
 async def test_the_p_whose_cache_holds_the_prompt_serves_it(world: Any) -> None:
     """Another conversation's P holds this prompt's long system prompt (the KV index says so):
     a first turn, with no placement, goes there."""
-    w = await world(n_prefill=2, n_decode=1)
+    w = await world(n_prefill=2, n_decode=1, affinity=True)
     system = {"role": "system", "content": "you are a careful assistant " * 40}
     messages = [system, {"role": "user", "content": "hello"}]
     d_caches(w, render_chat(messages)[:-40], i=1, role="prefill")  # the shared blocks, on P1
@@ -84,3 +84,19 @@ async def test_an_index_that_hashes_otherwise_is_not_consulted(world: Any) -> No
         await post(w, chat(messages))
     assert [len(e.calls) for e in w.prefill] == [2, 2]  # least work, ties rotating
     assert all(e.tokenize_calls == 0 for e in w.prefill)  # nothing to steer: no tokenize
+
+
+async def test_static_lets_the_handle_go_unverified_when_p_holds_the_history(world: Any) -> None:
+    """The P that computed the last prompt serves the turn: its cache has the history, and D's
+    handle could only bring back D's last answer; no verify call, no claim, no pull."""
+    w = await world(affinity=True)
+    messages = [{"role": "user", "content": "hello there " * 20}]
+    status, body = await post(w, chat(messages))
+    assert status == 200, body
+    await filed(w, 1)
+    messages = [*messages, body["choices"][0]["message"], {"role": "user", "content": "go"}]
+    status, body = await post(w, chat(messages))
+    assert status == 200, body
+    assert w.prefill[0].tokenize_calls == 0  # not verified
+    assert not (w.prefill[0].calls[-1].get("kv_transfer_params") or {}).get("remote_block_ids")
+    assert await w.reuse("fallback") == 1 and w.decode[0].released  # D's blocks let go at once

@@ -511,10 +511,11 @@ class TuningSpec(_Model):
     blocks. The router reloads this while running: a change here restarts no pod."""
 
     mode: Literal["Static", "Adaptive"] = Field(
-        "Static",
-        description="Static: always pull a verified history above recomputeThreshold and keep "
-        "blocks for the TTLs (the fixed behaviour). Adaptive: the router learns the costs and "
-        "the gaps between turns from its own observations and decides per turn.",
+        "Adaptive",
+        description="Adaptive: the router learns the costs and the gaps between turns from its "
+        "own observations and decides per turn (pull, recompute, or continue on the decoder "
+        "that holds the history). Static: pull what P's own cache lacks when it reaches "
+        "recomputeThreshold, and keep blocks for the TTLs.",
     )
     break_even: BreakEvenBounds = Field(
         default_factory=lambda: BreakEvenBounds(),

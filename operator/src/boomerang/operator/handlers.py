@@ -98,7 +98,7 @@ def on_resource_event(event: kopf.RawEvent, **_: Any) -> None:
 
 def _adaptive(spec: kopf.Spec, **_: Any) -> bool:
     tuning = (spec.get("kvTransfer") or {}).get("tuning") or {}
-    return bool(tuning.get("mode") == "Adaptive")
+    return bool(tuning.get("mode", api.TuningSpec.model_fields["mode"].default) == "Adaptive")
 
 
 @kopf.timer(

@@ -36,6 +36,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-inflight", type=int, help="requests served at once; 0: unlimited")
     p.add_argument("--no-bidirectional", action="store_true", help="never attach D's params to P")
     p.add_argument("--no-partial-reuse", action="store_true", help="full hits only, no partial")
+    p.add_argument("--tuning-mode", choices=("static", "adaptive"), help="the path choice")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING, ...")
     return p.parse_args(argv)
 
@@ -68,6 +69,8 @@ def cli_overrides(args: argparse.Namespace) -> dict[str, Any]:
         out["bidirectional"] = False
     if args.no_partial_reuse:
         out["partial_reuse"] = False
+    if args.tuning_mode:
+        out["tuning"] = {"mode": args.tuning_mode}
     return out
 
 

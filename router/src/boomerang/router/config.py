@@ -131,10 +131,11 @@ class Tuning(_Model):
     """
 
     mode: Literal["static", "adaptive"] = Field(
-        default="static",
-        description="static: today's behaviour exactly (pull when verified, the engine's "
-        "threshold, D's TTL); adaptive: each turn takes its cheapest path (pull, recompute or "
-        "continue on the decoder that holds the history) by a cost model learned online.",
+        default="adaptive",
+        description="adaptive: each turn takes its cheapest path (pull, recompute or continue "
+        "on the decoder that holds the history) by a cost model learned online, and D keeps a "
+        "conversation's blocks for a learned share of the gaps between turns; static: pull "
+        "what P's own cache lacks when it reaches the engine's threshold, D's TTL.",
     )
     break_even_min_tokens: int = Field(
         default=0,
@@ -402,6 +403,7 @@ _ENV_SCALARS: dict[str, tuple[str, ...]] = {
     "BOOMERANG_ROUTER_HANDLE_TTL_S": ("handle_ttl_s",),
     "BOOMERANG_ROUTER_RECOMPUTE_THRESHOLD": ("recompute_threshold",),
     "BOOMERANG_ROUTER_PARTIAL_REUSE": ("partial_reuse",),
+    "BOOMERANG_ROUTER_TUNING_MODE": ("tuning", "mode"),
     "BOOMERANG_ROUTER_SINGLE_ENGINE_FALLBACK": ("single_engine_fallback",),
     "BOOMERANG_ROUTER_LOG_LEVEL": ("log_level",),
     "BOOMERANG_REDIS_URL": ("store", "url"),

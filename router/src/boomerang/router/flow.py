@@ -62,6 +62,7 @@ class Router(Serving):
             await self._take(turn)  # 2. the conversation: its placement and handle
             if route != "pd":
                 return await Alone(self, route, why).run(request, turn)
+            self._forgo(turn)  # static: P already holds the history
             claim = self._claim(turn)  # D confirms the handle's lease, meanwhile
             await self._identify(turn)  # the prompt's ids where they help
             if not self.indexed():  # no events to say what D holds: its claim says it
@@ -113,9 +114,29 @@ class Router(Serving):
         self.retention.taken(turn.lookup_key, turn.tenant, now)
         turn.take(status, handle, handle is not None and self.still_held(handle))
 
+    def _forgo(self, turn: Turn) -> None:
+        """Static mode: when the P that computed the conversation's last prompt serves this turn
+        too, its prefix cache holds the history, and D's handle could only bring back D's last
+        answer: a verify call, a claim and a read of a block or two, for what P computes in a
+        few milliseconds (plain P/D computes it every turn). So the handle is let go unverified
+        and D's blocks are released at once. The turn is then plain P/D."""
+        placed = turn.placement
+        if self.paths.adaptive or turn.handle is None or turn.handle.released or placed is None:
+            return
+        cached = self.cached(turn)
+        candidates = self.prefill.candidates()
+        if not cached.get(placed.prefill or "", 0) or not candidates:
+            return  # P holds no whole block of it: the handle may be worth verifying
+        choice = self.strategy.prefill(candidates, cached, self.work(turn))
+        if choice.url == placed.prefill:
+            turn.p_ep = choice
+            self.release(turn.forgo(), "recompute")
+
     def _choose_prefill(self, turn: Turn) -> None:
         """The P the turn will use first, chosen before the plan so that the plan knows what
         P's own cache holds (the KV index, else the conversation's placement)."""
+        if turn.p_ep is not None and turn.handle is None and turn.prompt_ids is None:
+            return  # chosen already (`_forgo`), and nothing since to choose better with
         candidates = self.prefill.candidates()
         if candidates:
             self.pick_prefill(turn, candidates)

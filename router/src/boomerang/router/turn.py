@@ -16,6 +16,7 @@ explicit, checked, and tested alone (`test_turn.py`):
 | restore    | TAKEN, VERIFIED | RESTORED: back to the store, unused (fallback)                |
 | restore    | ATTACHED        | SPENT: the turn was cancelled mid-prefill; P may be reading it |
 | decline    | VERIFIED        | RELEASED: the cost model chose recompute; D's blocks can go   |
+| forgo      | TAKEN           | RELEASED: P already holds the history (static): not verified  |
 | supersede  | VERIFIED        | RELEASED: a continued turn's D filed a fresh handle           |
 
 The outcome follows: miss, expired, or fallback (a void handle) when nothing is taken; fallback
@@ -78,6 +79,7 @@ MOVES: Final = frozenset(
         (Stage.ATTACHED, Stage.VERIFIED),  # unsent
         (Stage.ATTACHED, Stage.SPENT),  # spend, or restore mid-prefill
         (Stage.VERIFIED, Stage.RELEASED),  # decline (recompute), supersede (continued)
+        (Stage.TAKEN, Stage.RELEASED),  # forgo (P holds the history: not even verified)
         (Stage.VERIFIED, Stage.TAKEN),  # detach
         (Stage.TAKEN, Stage.RESTORED),  # restore
         (Stage.VERIFIED, Stage.RESTORED),  # restore
@@ -219,6 +221,13 @@ class Turn:
     def decline(self) -> conv.Handle:
         """The turn computes on P without the verified handle (the cost model chose
         recompute): it is never offered again; the handle, for its blocks to be released."""
+        return self._let_go(computed_without=True)
+
+    def forgo(self) -> conv.Handle:
+        """The turn will not use the handle at all, unverified (static mode, P already holds
+        the history): never offered again; the handle, for its blocks to be released."""
+        if self.stage is not Stage.TAKEN:
+            raise IllegalMove(f"only a taken handle is forgone, not {self.stage.name}")
         return self._let_go(computed_without=True)
 
     def supersede(self) -> conv.Handle:
