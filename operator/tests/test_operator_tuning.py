@@ -89,7 +89,7 @@ def test_the_router_gets_its_tuning_section_in_its_own_names_and_units() -> None
 
 
 def test_the_default_tuning_is_the_router_s_own_default() -> None:
-    """Static with nothing set renders exactly what a router with no tuning section runs."""
+    """Nothing set renders exactly what a router with no tuning section runs (adaptive)."""
     rendered = RouterConfig.model_validate(render.router_config(deployment())).tuning
     config = render.router_config(deployment())
     config.pop("tuning")
@@ -99,7 +99,7 @@ def test_the_default_tuning_is_the_router_s_own_default() -> None:
 @pytest.mark.parametrize(
     "change",
     [
-        ADAPTIVE,
+        {"kvTransfer": {"tuning": {"mode": "Static"}}},
         {"kvTransfer": {"tuning": {"retention": {"minimum": "30s", "quantilePercent": 99}}}},
         {"kvTransfer": {"tuning": {"continueOnDecode": {"enabled": False}}}},
         {"kvTransfer": {"tuning": {"decodeMemoryBudgetPercent": 10}}},

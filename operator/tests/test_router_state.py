@@ -109,7 +109,9 @@ async def test_a_poll_asks_the_router_service_and_writes_what_it_learned() -> No
 
 
 async def test_a_static_deployment_is_never_polled() -> None:
-    kube = MemoryKube(body())
+    data = body()
+    data["spec"].setdefault("kvTransfer", {})["tuning"] = {"mode": "Static"}
+    kube = MemoryKube(data)
     router = _Router()
     poller = routerstate.Poller(router)
     assert await poller.poll(kube.owner, kube, lambda: NOW, StatusGate()) is None
@@ -153,4 +155,4 @@ async def test_a_router_not_yet_adaptive_writes_nothing() -> None:
 def test_the_timer_runs_for_adaptive_resources_only() -> None:
     assert handlers._adaptive(spec={"kvTransfer": {"tuning": {"mode": "Adaptive"}}})
     assert not handlers._adaptive(spec={"kvTransfer": {"tuning": {"mode": "Static"}}})
-    assert not handlers._adaptive(spec={})
+    assert handlers._adaptive(spec={})  # the default

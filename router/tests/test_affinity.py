@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from fake_tokenizer import render_chat
 from router_testing import chat, d_caches, filed, post
+from test_paths import router_of
 
 from boomerang.router.affinity import Affinity, Placement, cached_tokens
 from boomerang.router.app import ROUTER
@@ -90,6 +91,7 @@ async def test_static_lets_the_handle_go_unverified_when_p_holds_the_history(wor
     """The P that computed the last prompt serves the turn: its cache has the history, and D's
     handle could only bring back D's last answer; no verify call, no claim, no pull."""
     w = await world(affinity=True)
+    _, retention = router_of(w)
     messages = [{"role": "user", "content": "hello there " * 20}]
     status, body = await post(w, chat(messages))
     assert status == 200, body
@@ -99,4 +101,5 @@ async def test_static_lets_the_handle_go_unverified_when_p_holds_the_history(wor
     assert status == 200, body
     assert w.prefill[0].tokenize_calls == 0  # not verified
     assert not (w.prefill[0].calls[-1].get("kv_transfer_params") or {}).get("remote_block_ids")
-    assert await w.reuse("fallback") == 1 and w.decode[0].released  # D's blocks let go at once
+    assert await w.reuse("fallback") == 1
+    assert [why for _h, why in retention.released()] == ["recompute"]  # D's blocks let go

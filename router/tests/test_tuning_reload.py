@@ -45,10 +45,10 @@ def reloads(metrics: Metrics, result: str) -> float:
     return float(metrics.tuning_reloads.labels(result)._value.get())
 
 
-def test_tuning_defaults_to_static_and_checks_its_bounds() -> None:
+def test_tuning_defaults_to_adaptive_and_checks_its_bounds() -> None:
     config = RouterConfig.model_validate(BASE)
     assert config.tuning == Tuning()
-    assert config.tuning.mode == "static" and config.lease_token_file is None
+    assert config.tuning.mode == "adaptive" and config.lease_token_file is None
     with pytest.raises(ValidationError, match="break_even_min_tokens"):
         Tuning(break_even_min_tokens=10, break_even_max_tokens=5)
     with pytest.raises(ValidationError):

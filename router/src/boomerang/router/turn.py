@@ -221,6 +221,8 @@ class Turn:
     def decline(self) -> conv.Handle:
         """The turn computes on P without the verified handle (the cost model chose
         recompute): it is never offered again; the handle, for its blocks to be released."""
+        if self.stage is not Stage.VERIFIED:
+            raise IllegalMove(f"only a verified handle is declined, not {self.stage.name}")
         return self._let_go(computed_without=True)
 
     def forgo(self) -> conv.Handle:
