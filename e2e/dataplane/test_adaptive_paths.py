@@ -25,7 +25,9 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 SHORT, LONG = 30, 200
 TUNING = {
     "mode": "adaptive",
-    "continue_max_suffix_tokens": 64,  # SHORT continues, LONG does not
+    # D computes the suffix and the history's last partial block (blocks of 128): SHORT
+    # continues (at most 30 + 127), LONG does not (at least 200).
+    "continue_max_suffix_tokens": 192,
     "itl_budget_s": 10.0,  # the hard bound decides here, not the learned ITL cost
 }
 
@@ -52,7 +54,9 @@ def turn(plane, router: str, prompt: list[int], *, stream: bool = False):
 def test_short_suffixes_continue_on_the_holder_long_ones_go_through_p(dataplane):
     router = dataplane.router("router-adaptive", tuning=TUNING)
     rng = random.Random(1212)
-    prompt = words(rng, 700)
+    # A history long enough that pulling it costs more, by the router's priors (D's prefill
+    # 5x P's), than D computing the suffix and the history's last partial block.
+    prompt = words(rng, 3000)
     tokens, outcome, path, _ = turn(dataplane, router, prompt)
     assert outcome == {"miss": 1.0} and path == {"recompute": 1.0}
 

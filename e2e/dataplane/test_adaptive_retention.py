@@ -77,7 +77,9 @@ def warm_up(plane, router: str, turns: int = 24) -> None:
 RETENTION = {
     "mode": "adaptive",
     "retention_min_s": 1,
-    "continue_max_suffix_tokens": 64,  # the late turn below continues on D
+    # the late turn below continues on D: its 40 new tokens and the history's last partial
+    # block (blocks of 128) are what D computes
+    "continue_max_suffix_tokens": 192,
     "itl_budget_s": 10.0,  # the hard bound decides here, not the learned ITL cost
 }
 

@@ -18,12 +18,14 @@ import pytest
 from dataplane.restart import restart_decoder
 from dataplane.turns import moved, reference, reuse, router_completion, same, words
 
+from boomerang.connector.config import CAPABILITIES
 from boomerang.local.engine_client import scrape, totals
 from boomerang.router.health import capabilities_from_metrics
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
 
-TUNING = {"mode": "adaptive", "continue_max_suffix_tokens": 64, "itl_budget_s": 10.0}
+TUNING = {"mode": "adaptive", "continue_max_suffix_tokens": 192, "itl_budget_s": 10.0}
+"""Bounds under which a 30-token suffix (plus the history's last partial block) continues."""
 NO_PLUGIN = {"VLLM_PLUGINS": "none-of-them"}
 """vLLM loads only the general plugins this lists: none."""
 
@@ -48,4 +50,5 @@ def test_a_decoder_without_the_plugin_never_gets_a_continue(dataplane):
         assert same(out[:2], reference(dataplane, later))
     finally:
         restart_decoder(dataplane, router)
-    assert capabilities_from_metrics(scrape(dataplane.d_url).encode()) == {"continue"}
+    # With the plugin back: the continue path, and the memory-pressure hooks (its lease API is on).
+    assert capabilities_from_metrics(scrape(dataplane.d_url).encode()) == set(CAPABILITIES)

@@ -16,7 +16,11 @@ import pytest
 from dataplane.restart import restart_decoder
 from dataplane.turns import moved, reference, reuse, router_completion, same, words
 
-from boomerang.connector.config import CONTINUE_CAPABILITY, ENGINE_REVISION_ENV
+from boomerang.connector.config import (
+    CONTINUE_CAPABILITY,
+    ENGINE_REVISION_ENV,
+    PRESSURE_CAPABILITY,
+)
 from boomerang.local.engine_client import scrape, totals
 from boomerang.operator import render
 from boomerang.router.health import capabilities_from_metrics, revision_from_metrics
@@ -30,7 +34,8 @@ def test_both_engines_publish_the_revision_their_environment_names(dataplane):
     for url in (dataplane.p_url, dataplane.d_url):
         page = scrape(url).encode()
         assert revision_from_metrics(page) == expected, url
-        assert capabilities_from_metrics(page) == {CONTINUE_CAPABILITY}, url  # own_requests
+        # own_requests, and the memory-pressure hooks (the local stack runs the lease API)
+        assert capabilities_from_metrics(page) == {CONTINUE_CAPABILITY, PRESSURE_CAPABILITY}, url
 
 
 def degraded(router: str) -> float:

@@ -191,6 +191,16 @@ def test_costs_follow_the_formulas() -> None:
     )
 
 
+def test_what_the_holder_holds_bounds_a_pull_and_a_continue_alike() -> None:
+    """D's blocks are whole: with its events saying it holds 3,968 of 4,000 verified tokens,
+    a pull brings 3,968 and P computes the 1,032 after them, as D would on a continue."""
+    s = Shape(5000, 4000, True, d_held_tokens=3968)
+    pull = 0.03 + 1e-4 * 1032 + 0.021 + 2e-5 * 3968 + 0.005 + 5e-6 * 5000
+    assert (s.suffix_tokens, s.pulled_tokens, s.continue_tokens) == (1032, 3968, 1032)
+    assert TRUE.costs(s)[Path.PULL] == pytest.approx(pull)
+    assert TRUE.costs(s)[Path.CONTINUE] == pytest.approx(0.01 + 2e-4 * 1032)
+
+
 @pytest.mark.parametrize(("prompt", "reusable"), [(-1, 0), (10, -1), (10, 11)])
 def test_impossible_shapes_are_refused(prompt: int, reusable: int) -> None:
     with pytest.raises(ValueError):

@@ -182,6 +182,7 @@ def router_config(
         "prefill": prefill or discovered("prefill"),
         "decode": decode or discovered("decode"),
         "bidirectional": dd.spec.kv_transfer.bidirectional,
+        "prefill_prefix_caching": role_spec(dd, "prefill").prefix_caching,
         "decoder_blocks_ttl_s": parse_duration(dd.spec.kv_transfer.decoder_blocks_ttl),
         "recompute_threshold": dd.spec.kv_transfer.recompute_threshold,
         "handle_ttl_s": dd.spec.router_ttl_seconds,

@@ -228,6 +228,11 @@ class RouterConfig(_Model):
         default=True,
         description="Attach D's retained KV params to P; only true when P runs bidirectional.",
     )
+    prefill_prefix_caching: bool = Field(
+        default=True,
+        description="Whether the prefill engines run vLLM's prefix cache: when off, a P holds "
+        "nothing of a conversation after its turn, so P's cache never stands in for D's blocks.",
+    )
     decoder_blocks_ttl_s: float = Field(
         default=480.0, gt=0, description="D's decoder_kv_blocks_ttl (how long D pins blocks)."
     )

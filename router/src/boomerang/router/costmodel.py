@@ -89,8 +89,17 @@ class Shape:
             raise ValueError(f"need 0 <= p_cached_tokens <= prompt_tokens, got {self}")
 
     @property
+    def _reach(self) -> int:
+        """How far D's blocks cover the prompt: the verified tokens, in the whole blocks the
+        holder has of them when its KV events say (a pull and a continue both stop there)."""
+        if self.d_held_tokens is None:
+            return self.reusable_tokens
+        return min(self.reusable_tokens, self.d_held_tokens)
+
+    @property
     def suffix_tokens(self) -> int:
-        return self.prompt_tokens - self.reusable_tokens
+        """What P computes after a pull (before counting its own cache)."""
+        return self.prompt_tokens - self._reach
 
     @property
     def continue_tokens(self) -> int:
@@ -101,7 +110,7 @@ class Shape:
     @property
     def pulled_tokens(self) -> int:
         """What a pull brings: the reusable tokens P's own cache lacks."""
-        return max(0, self.reusable_tokens - self.p_cached_tokens)
+        return max(0, self._reach - self.p_cached_tokens)
 
 
 @dataclass(frozen=True, slots=True)

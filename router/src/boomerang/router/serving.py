@@ -86,7 +86,10 @@ class Serving:
     def cached(self, turn: Turn) -> Mapping[str, int]:
         """What each prefill engine holds of the turn's prompt in its prefix cache: from the KV
         index when the prompt's ids are known, else what the conversation's last turn left on
-        its P (in whole blocks of the deployment's block size, which its decoders report)."""
+        its P (in whole blocks of the deployment's block size, which its decoders report).
+        Nothing when P runs without a prefix cache."""
+        if not self.config.prefill_prefix_caching:
+            return {}
         if self.kv is not None and self.kv.usable:
             found = self.kv.cached_tokens(self._hashes(turn), self.prefill.endpoints)
             if found:
