@@ -4,6 +4,8 @@ of a fake engine client that runs the real worker extension in-process."""
 
 from __future__ import annotations
 
+import asyncio
+
 import json
 import time
 from collections import defaultdict
@@ -161,13 +163,19 @@ class FakeEngineCore:
 class FakeEngineClient:
     """vLLM's engine client as the API server holds it: collective_rpc runs the extension."""
 
-    def __init__(self, fail: Exception | None = None, book: RetainedBook | None = None) -> None:
+    def __init__(
+        self, fail: Exception | None = None, book: RetainedBook | None = None, stall_s: float = 0
+    ) -> None:
         self.fail = fail
+        self.stall_s = stall_s
         self.calls: list[str] = []
+        self.timeouts: list[float | None] = []
         self.engine_core = FakeEngineCore(book)
 
     async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = ()):
         self.calls.append(method)
+        self.timeouts.append(timeout)
+        await asyncio.sleep(self.stall_s)
         if self.fail is not None:
             raise self.fail
         return [getattr(leases.LeaseWorker(), method)(*args)]
@@ -266,6 +274,18 @@ async def test_errors_are_json_400_405_501(worker) -> None:
     missing = FakeEngineClient(fail=NotImplementedError("Method 'boomerang_lease_held'"))
     code, body = await call(app(), "GET", config.LEASE_PATH, client=missing)
     assert code == 501 and body["error"]["type"] == "not_supported"
+
+
+async def test_a_slow_worker_is_a_504_and_the_engine_is_never_given_a_deadline(
+    worker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM's executor, given a timeout, leaves the late answer in the queue its next model
+    step reads (the engine dies): the wait is bounded here instead."""
+    monkeypatch.setattr(lease_api, "RPC_TIMEOUT_S", 0.05)
+    slow = FakeEngineClient(stall_s=1.0)
+    code, body = await call(app(), "GET", config.LEASE_PATH, client=slow)
+    assert code == 504 and body["error"]["type"] == "timeout"
+    assert slow.timeouts == [None]
 
 
 async def test_an_unsupported_vllm_is_501(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -74,3 +74,37 @@ def test_prompts_go_where_their_prefix_is_and_replicas_agree(engines: Any) -> No
         assert index_of(a)["engines"] == index_of(b)["engines"]
     for prompt, got in zip(prompts, answers, strict=True):
         assert got[0] == answer(completion(engines.prefill[0], model, prompt, None))[0]
+
+
+def chat(url: str, model: str, messages: list[dict[str, str]]) -> dict[str, Any]:
+    body = {"model": model, "messages": messages, "max_tokens": 8, "temperature": 0.0}
+    return pdclient.post(f"{url}/v1/chat/completions", body, 600)
+
+
+def test_an_edited_first_message_reuses_the_system_prompt_with_no_conversation_id(
+    engines: Any,
+) -> None:
+    """A client edits the first user message of its chat and sends it again, with no
+    conversation id: no handle matches it, but the system prompt's blocks are where the index
+    says they are, and P serves them from its cache."""
+    import bench_production
+
+    model = engines.dd.spec.model.served_name
+    rng = random.Random(11)
+    system = " ".join(f"rule {rng.randrange(10**6)} applies" for _ in range(250))
+    with bench_production.router(engines, "edit", {}, port=38083) as router:
+        first = [{"role": "system", "content": system}, {"role": "user", "content": "hello"}]
+        reply = chat(router, model, first)["choices"][0]["message"]
+        tokens = len(
+            pdclient.post(
+                f"{engines.prefill[0]}/tokenize", {"model": model, "messages": first[:1]}
+            )["tokens"]
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not p_holds(router, engines.prefill):
+            time.sleep(0.1)
+        before = cache_hits(engines.prefill)
+        edited = [first[0], {"role": "user", "content": "good evening"}, reply]
+        chat(router, model, [*edited, {"role": "user", "content": "and then?"}])
+        hits = cache_hits(engines.prefill) - before
+    assert hits >= tokens - 2 * 128, (hits, tokens)  # every whole block of the system prompt

@@ -203,8 +203,13 @@ def _engine_client(scope: Scope) -> Any:
 
 
 async def _rpc(client: Any, method: str, args: tuple[Any, ...]) -> dict[str, Any]:
+    """`method` on every worker, the wait bounded here and never inside the engine: vLLM's
+    executor leaves a timed-out call's answer in its workers' response queue, where the next
+    model step reads it as its own output and the engine dies (seen on a starved decoder while
+    the lease API was polled). A call abandoned here is still answered, to nobody."""
     try:
-        results = await client.collective_rpc(method, timeout=RPC_TIMEOUT_S, args=args)
+        call = client.collective_rpc(method, timeout=None, args=args)
+        results = await asyncio.wait_for(call, RPC_TIMEOUT_S)
     except TimeoutError as exc:
         raise LeaseError(504, f"the engine did not answer {method} in time", "timeout") from exc
     except Exception as exc:  # extension not loaded, another vLLM: no control
