@@ -5,7 +5,6 @@ of a fake engine client that runs the real worker extension in-process."""
 from __future__ import annotations
 
 import asyncio
-
 import json
 import time
 from collections import defaultdict
