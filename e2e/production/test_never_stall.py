@@ -24,7 +24,9 @@ from boomerang.local.engine_client import samples, totals
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
 BLOCKS = 48
-CONVERSATIONS = 8
+CONVERSATIONS = 12
+"""Four at a time: the finished ones' last handles (about 9 blocks each) outgrow D's 48 blocks
+by the third wave even in static mode, which releases a handle as soon as P holds its history."""
 TURNS = 3
 FIRST, SUFFIX = 900, 60
 STALL_BOUND_S = 60.0
