@@ -43,7 +43,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -142,14 +142,9 @@ PORTS = stack.LocalPorts(
     decode_side_channel=35700,
 )
 """The benchmark's own ports (replica i of a role adds i): apart from `boomerang up`'s."""
-PORTS_B = stack.LocalPorts(
-    router=48080,
-    prefill=48100,
-    decode=48200,
-    prefill_side_channel=45600,
-    decode_side_channel=45700,
-)
-"""A second engine set beside the first (its events and replay ports too stay apart)."""
+PORTS_B = stack.LocalPorts(**{f.name: getattr(PORTS, f.name) + 10_000 for f in fields(PORTS)})
+"""A second engine set beside the first, every port 10,000 higher (its events and replay ports
+too stay apart)."""
 SIDE_BY_SIDE_ENGINES = 4
 """Both engine sets of a regime run at once when they have this many engines in all (1P1D
 twice): the runs of every mode then alternate in one window, with no drift of the host's
@@ -405,12 +400,15 @@ def one_run(
     )
 
 
+def abba(modes: Sequence[str], rounds: int) -> list[list[str]]:
+    """One list of `modes` per round, reversed every other round (A B, B A, A B, ...)."""
+    return [list(modes) if r % 2 == 0 else list(modes)[::-1] for r in range(rounds)]
+
+
 def order(modes: Sequence[str], rounds: int) -> list[list[str]]:
     """Engine sets in ABA order (bidirectional off, on, off), modes ABBA within a set type."""
-    off = [m for m in modes if not MODES[m].bidirectional]
-    on = [m for m in modes if MODES[m].bidirectional]
-    seq_off = [off if r % 2 == 0 else off[::-1] for r in range(rounds)]
-    seq_on = [on if r % 2 == 0 else on[::-1] for r in range(rounds)]
+    seq_off = abba([m for m in modes if not MODES[m].bidirectional], rounds)
+    seq_on = abba([m for m in modes if MODES[m].bidirectional], rounds)
     first_off = [m for r in seq_off[: (rounds + 1) // 2] for m in r]
     last_off = [m for r in seq_off[(rounds + 1) // 2 :] for m in r]
     sets = [first_off, [m for r in seq_on for m in r], last_off]
@@ -458,8 +456,8 @@ def side_by_side(s: Sitting, regime: str, spec: Regime) -> None:
         for es, bidirectional in ((e_off, False), (e_on, True)):
             name = next(m for m in modes if MODES[m].bidirectional == bidirectional)
             warm_up(s, es, regime, name, timing)
-        for r in range(s.args.rounds):
-            for name in modes if r % 2 == 0 else modes[::-1]:
+        for names in abba(modes, s.args.rounds):
+            for name in names:
                 one_run(s, e_on if MODES[name].bidirectional else e_off, regime, name, timing)
 
 
