@@ -94,15 +94,27 @@ def test_an_edited_first_message_reuses_the_system_prompt_with_no_conversation_i
     system = " ".join(f"rule {rng.randrange(10**6)} applies" for _ in range(250))
     with bench_production.router(engines, "edit", {}, port=38083) as router:
         first = [{"role": "system", "content": system}, {"role": "user", "content": "hello"}]
-        reply = chat(router, model, first)["choices"][0]["message"]
         tokens = len(
             pdclient.post(
                 f"{engines.prefill[0]}/tokenize", {"model": model, "messages": first[:1]}
             )["tokens"]
         )
+        # The index already holds the earlier test's blocks (replayed when this router
+        # subscribed): wait for that, then for this system prompt's own blocks on some P.
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not p_holds(router, engines.prefill):
             time.sleep(0.1)
+        held = index_of(router).get("engines") or {}
+        reply = chat(router, model, first)["choices"][0]["message"]
+
+        def stored() -> bool:
+            now = index_of(router).get("engines") or {}
+            return any(now.get(p, 0) - held.get(p, 0) >= tokens // 128 for p in engines.prefill)
+
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not stored():
+            time.sleep(0.1)
+        assert stored(), "no P's KV events named the system prompt's blocks within 10 s"
         before = cache_hits(engines.prefill)
         edited = [first[0], {"role": "user", "content": "good evening"}, reply]
         chat(router, model, [*edited, {"role": "user", "content": "and then?"}])
