@@ -12,7 +12,7 @@ VENV := $(BOOMERANG_CACHE)/venv-dev-$(DEV_HASH)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bench-router bench-router-compare bench-wake bench-calls bench-fit bench-ttft bench-partial bench-agents bench-paths bench-production bench-kvindex bench-retention print-venv dev engine tools redis lua prometheus node images install-yaml check lint types test unit demo cluster cluster-node crds
+.PHONY: bench-router bench-router-compare bench-wake bench-calls bench-fit bench-ttft bench-partial bench-agents bench-paths bench-production bench-kvindex bench-retention print-venv dev engine tools redis lua prometheus node images install-yaml check lint types test test-release unit demo cluster cluster-node crds
 
 # The cached venv installs this checkout in editable mode; `.done` records which checkout, so a
 # fresh clone (CI) re-points it at its own files before testing them.
@@ -81,9 +81,17 @@ types: dev
 unit: dev
 	$(PY) -m pytest -m 'not cluster and not engine and not node and not wheels' $(PYTEST_ARGS)
 
-# What CI runs: everything, on a fresh machine.
-test: dev redis lua prometheus node tools engine lint types
-	$(PY) -m pytest $(PYTEST_ARGS)
+# What CI runs: everything, on a fresh machine, as timed phases (e2e/make_test.py): the Debian
+# packages, the dev venv, the Go control plane side by side with the engine venv and the CPU
+# images, lint, types, then every test but the `release` ones; a table of the phases' and suites'
+# times closes the log.
+test:
+	python3 e2e/make_test.py $(PYTEST_ARGS)
+
+# The slow builds kept out of `make test` (their inputs are checked there): the engine
+# Dockerfile on the CUDA 13 stand-in of vLLM's image (e2e/test_image_gpu.py, ~15 minutes cold).
+test-release: dev
+	$(PY) -m pytest -m release $(PYTEST_ARGS)
 
 cluster: dev tools
 	$(PY) e2e/cluster.py

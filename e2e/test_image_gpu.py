@@ -5,9 +5,10 @@ build-time check ran for real, and the image holds what they claim, down to Debi
 being too old for NIXL's LIBFABRIC plugin (which a build meant for EFA refuses). With the
 Dockerfile's old NIXL lines (`nixl-cu12` over the CUDA 13 base) the same build fails.
 
-A cold build downloads several GB from PyPI and writes an image of that size; later runs take
-the cache (e2e/images/README.md has the times). Under CI a failed build fails; elsewhere it
-skips.
+A cold build downloads several GB from PyPI and writes an image of that size (about 15 minutes);
+later runs take the cache (e2e/images/README.md has the times). That is too slow for every
+`make test`: it runs in `make test-release` (marker `release`), and `test_image_gpu_inputs.py`
+checks what it reads on every run. Under CI a failed build fails; elsewhere it skips.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from images.build import GPU, LIBFABRIC, REPO, Built, cache_dir
 from images.buildah import Buildah
 from images_testing import build, builder, run_in, try_build
 
-pytestmark = [pytest.mark.node, pytest.mark.timeout(5400)]
+pytestmark = [pytest.mark.node, pytest.mark.release, pytest.mark.timeout(5400)]
 OLD_NIXL = 'RUN python3 -m pip install --no-cache-dir --no-deps "nixl==1.5.1" "nixl-cu12==1.5.1"\n'
 """The NIXL step the Dockerfile had before it chose the backend by torch's CUDA."""
 
