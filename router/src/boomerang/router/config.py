@@ -315,6 +315,15 @@ class RouterConfig(_Model):
     kv_events: KvEventsConfig = Field(
         default_factory=KvEventsConfig, description="The engines' KV events and the index."
     )
+    decode_first_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Decode-first routing (`decode_first.py`), the policy peers ship without "
+        "bidirectional KV: the decoder caching the longest prefix of the prompt (within "
+        "decode_affinity_slack of the least loaded) serves the turn alone when fewer than this "
+        "many prompt tokens are not in its cache; otherwise P prefills and it decodes. Needs "
+        "bidirectional false and the KV events; unset: off.",
+    )
     affinity_ttl_s: float = Field(
         default=900.0,
         gt=0,
@@ -352,6 +361,15 @@ class RouterConfig(_Model):
     )
     _source: Path | None = PrivateAttr(default=None)
     """The YAML file this config was loaded from (`tuning.py` re-reads its `tuning`)."""
+
+    @model_validator(mode="after")
+    def _decode_first_without_handles(self) -> RouterConfig:
+        if self.decode_first_tokens is not None and self.bidirectional:
+            raise ValueError(
+                "decode_first_tokens is a policy without D's handles: set bidirectional false "
+                "(Boomerang's adaptive tuning continues on D by cost instead)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _ttl_below_decoder(self) -> RouterConfig:
@@ -408,6 +426,7 @@ _ENV_SCALARS: dict[str, tuple[str, ...]] = {
     "BOOMERANG_ROUTER_HANDLE_TTL_S": ("handle_ttl_s",),
     "BOOMERANG_ROUTER_RECOMPUTE_THRESHOLD": ("recompute_threshold",),
     "BOOMERANG_ROUTER_PARTIAL_REUSE": ("partial_reuse",),
+    "BOOMERANG_ROUTER_DECODE_FIRST_TOKENS": ("decode_first_tokens",),
     "BOOMERANG_ROUTER_TUNING_MODE": ("tuning", "mode"),
     "BOOMERANG_ROUTER_SINGLE_ENGINE_FALLBACK": ("single_engine_fallback",),
     "BOOMERANG_ROUTER_LOG_LEVEL": ("log_level",),

@@ -29,12 +29,12 @@ from typing import Any
 from aiohttp import web
 
 from boomerang.connector.config import CONTINUE_CAPABILITY
-from boomerang.router import apis, degraded
+from boomerang.router import apis, decode_first, degraded
 from boomerang.router.claims import may_offer
 from boomerang.router.costmodel import Path
 from boomerang.router.endpoints import Endpoint, pairable
 from boomerang.router.errors import ApiError
-from boomerang.router.legs import Alone, LegFailed, leg_for
+from boomerang.router.legs import Alone, DecodeFirst, LegFailed, PrefillDecode, leg_for
 from boomerang.router.plan import Facts, Plan, adaptive_plan, after_failure, static_plan
 from boomerang.router.reuse import REJECTED, Outcome, decide
 from boomerang.router.serving import Serving
@@ -62,6 +62,8 @@ class Router(Serving):
             await self._take(turn)  # 2. the conversation: its placement and handle
             if route != "pd":
                 return await Alone(self, route, why).run(request, turn)
+            if self.config.decode_first_tokens is not None:  # the peers' policy, no handles
+                return await self._decode_first(request, turn)
             self._forgo(turn)  # static: P already holds the history
             claim = self._claim(turn)  # D confirms the handle's lease, meanwhile
             await self._identify(turn)  # the prompt's ids where they help
@@ -210,6 +212,31 @@ class Router(Serving):
             return await self.on_prefill(turn, call, first=first)
         except ApiError:  # refused, or no P left: verify nothing, compute the whole prompt
             return None
+
+    async def _decode_first(self, request: web.Request, turn: Turn) -> web.StreamResponse:
+        """Decode-first routing (`decode_first.py`): the decoder caching most of the prompt
+        serves a short remainder alone, else P prefills and that decoder decodes. What each
+        decoder caches comes from the KV index over the prompt's ids; without them (no index,
+        or no P could tokenize) the turn is plain P/D."""
+        candidates = self.decode.candidates()
+        if self.indexed() and candidates:
+            turn.prompt_ids = await self._prompt_ids(turn)
+        hashes = self._hashes(turn)
+        if turn.prompt_ids is not None and hashes is not None and self.kv is not None:
+            inflight = {ep.url: ep.inflight for ep in candidates}
+            cached = self.kv.cached_tokens(hashes, inflight)
+            cfg = self.config
+            assert cfg.decode_first_tokens is not None
+            choice = decode_first.choose(
+                len(turn.prompt_ids), cached, inflight, cfg.decode_first_tokens,
+                cfg.decode_affinity_slack,
+            )  # fmt: skip
+            turn.holder = choice.url  # decode prefers it on either path
+            d_ep = self.decode.get(choice.url)
+            if choice.alone and d_ep is not None:
+                return await DecodeFirst(self, d_ep).run(request, turn)
+        self._choose_prefill(turn)
+        return await PrefillDecode(self).run(request, turn)
 
     # -- 4. plan, 5. run ----------------------------------------------------------------------
 
