@@ -26,7 +26,16 @@ from boomerang.connector.config import (
     P_DECLINE_WINDOW_S,
     default_handle_ttl,
 )
-from boomerang.router.sessions import DEFAULT_SESSION_HEADERS
+
+DEFAULT_SESSION_HEADERS = (
+    "x-claude-code-session-id",
+    "session_id",
+    "session-id",
+    "x-session-affinity",
+    "x-session-id",
+)
+"""Headers agents send on every turn of one session (Claude Code, Codex, opencode, and vLLM's
+benchmark clients), in the order they are tried (`sessions.py`)."""
 
 
 class _Model(BaseModel):

@@ -27,17 +27,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from boomerang.router.config import DEFAULT_SESSION_HEADERS
 from boomerang.router.errors import bad_request
 
-DEFAULT_SESSION_HEADERS: Final = (
-    "x-claude-code-session-id",
-    "session_id",
-    "session-id",
-    "x-session-affinity",
-    "x-session-id",
-)
-"""Headers agents send on every turn of one session (Claude Code, Codex, opencode, and vLLM's
-benchmark clients), in the order they are tried."""
+__all__ = ["DEFAULT_SESSION_HEADERS", "MAX_NAME", "Session", "identify"]
+
 MAX_NAME: Final = 256
 
 
