@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any
 
 from router_testing import chat, post, stream
@@ -190,3 +192,24 @@ async def test_responses_usage_reports_p_s_count(world: Any) -> None:
     status, second = await call(w, "/v1/responses", {**body, "input": items})
     assert status == 200 and await w.reuse("hit") == 1
     assert second["usage"]["input_tokens_details"]["cached_tokens"] == p_pulled(w)
+
+
+async def test_the_turn_s_log_line_says_where_its_name_and_retention_came_from(
+    world: Any, caplog: Any
+) -> None:
+    w = await world(tuning={"mode": "adaptive"})
+    caplog.set_level(logging.INFO, logger="boomerang.router")
+    body = chat([{"role": "user", "content": "hi"}], prompt_cache_retention="24h")
+    status, _ = await post(w, body, **SESSION)
+    assert status == 200
+    for _ in range(200):  # logged as the turn finishes, just after the answer went out
+        served = [r for r in caplog.records if r.getMessage() == "Served turn"]
+        if served:
+            break
+        await asyncio.sleep(0.01)
+    (line,) = served
+    assert line.session == "header:x-claude-code-session-id"
+    assert line.retention_hint_s == 86_400
+    assert line.retention_hint_applied_s == 480  # the decoder TTL: the default cap
+    assert line.cached_tokens == 0
+    assert any(r.getMessage() == "Capped retention hint" for r in caplog.records)

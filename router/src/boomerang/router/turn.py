@@ -322,9 +322,7 @@ class Turn:
         """Where the next turn will look first: the `conversation_id` or the session, else the
         messages plus D's `reply` as the client will send it back."""
         req = self.req
-        name = req.conversation_id if req.conversation_id is not None else None
-        if name is None and req.session is not None:
-            name = req.session.name
+        name = req.conversation_id or (req.session.name if req.session is not None else None)
         if name is not None:
             return conv.id_key(self.tenant, name)
         if not fingerprint or not reply:
