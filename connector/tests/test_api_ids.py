@@ -145,3 +145,20 @@ def test_cached_tokens_are_read_from_a_dict_or_vllm_s_model() -> None:
     assert cached_of({"prompt_tokens_details": {"cached_tokens": 4}}) == 4
     assert cached_of(SimpleNamespace(prompt_tokens_details=None)) is None
     assert cached_of(None) is None
+
+
+def test_a_messages_answer_gets_the_chat_answer_s_cached_tokens() -> None:
+    from boomerang.connector.api_ids import _wrap_full_converter
+
+    def original(self: Any, generator: Any) -> Any:
+        return SimpleNamespace(usage=SimpleNamespace(cache_read_input_tokens=None))
+
+    convert = _wrap_full_converter(original, None)
+    details = SimpleNamespace(cached_tokens=96)
+    chat = SimpleNamespace(usage=SimpleNamespace(prompt_tokens_details=details), choices=[])
+    off = SimpleNamespace(enable_prompt_tokens_details=False)
+    assert convert(off, chat).usage.cache_read_input_tokens == 96
+    none = SimpleNamespace(usage=SimpleNamespace(prompt_tokens_details=None), choices=[])
+    assert convert(off, none).usage.cache_read_input_tokens is None  # the engine did not say
+    on = SimpleNamespace(enable_prompt_tokens_details=True)
+    assert convert(on, none).usage.cache_read_input_tokens == 0  # vLLM leaves a zero out
