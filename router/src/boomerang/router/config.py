@@ -27,6 +27,16 @@ from boomerang.connector.config import (
     default_handle_ttl,
 )
 
+DEFAULT_SESSION_HEADERS = (
+    "x-claude-code-session-id",
+    "session_id",
+    "session-id",
+    "x-session-affinity",
+    "x-session-id",
+)
+"""Headers agents send on every turn of one session (Claude Code, Codex, opencode, and vLLM's
+benchmark clients), in the order they are tried (`sessions.py`)."""
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -181,6 +191,13 @@ class Tuning(_Model):
         "continue path only: D's prefix cache still holds the freed blocks until it needs "
         "the room, so a conversation that comes back late can still be served from them.",
     )
+    retention_max_client_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="The longest retention a client's hint may ask for (Anthropic "
+        "`cache_control.ttl`, OpenAI `prompt_cache_retention`); longer hints are capped and "
+        "logged. Default: the decoder TTL. The handle TTL still bounds every lease.",
+    )
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> Tuning:
@@ -332,6 +349,12 @@ class RouterConfig(_Model):
     fingerprint_conversations: bool = Field(
         default=True,
         description="Find a conversation by its content when the client sends no conversation_id.",
+    )
+    session_headers: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_SESSION_HEADERS),
+        description="Request headers that name an agent's session (first present wins, after "
+        "conversation_id and X-Conversation-Id, before the body's prompt_cache_key): the "
+        "session names the conversation in the caller's tenant. Empty: headers name nothing.",
     )
     decode_stream_params: Literal["auto", "yes", "no"] = Field(
         default="auto",

@@ -30,6 +30,7 @@ from aiohttp import web
 
 from boomerang.connector.config import CONTINUE_CAPABILITY
 from boomerang.router import apis, decode_first, degraded
+from boomerang.router import conversation as conv
 from boomerang.router.claims import may_offer
 from boomerang.router.costmodel import Path
 from boomerang.router.endpoints import Endpoint, pairable
@@ -39,6 +40,7 @@ from boomerang.router.plan import Facts, Plan, adaptive_plan, after_failure, sta
 from boomerang.router.reuse import REJECTED, Outcome, decide
 from boomerang.router.serving import Serving
 from boomerang.router.settle import settle
+from boomerang.router.store import TakeStatus
 from boomerang.router.turn import Claim, Turn
 from boomerang.router.upstream import post_json, timeout
 from boomerang.router.validation import ClientRequest
@@ -101,20 +103,38 @@ class Router(Serving):
         cfg = self.config
         if not ((cfg.bidirectional or cfg.affinity) and turn.req.single_choice):
             return
-        turn.lookup_key = turn.find_key(cfg.fingerprint_conversations)
+        keys = turn.find_keys(cfg.fingerprint_conversations)
+        turn.lookup_key = keys[0] if keys else None
         if cfg.affinity:
-            turn.placement = self.affinity.get(turn.lookup_key, time.time())
-        if turn.lookup_key is None or not cfg.bidirectional:
+            now = time.time()
+            turn.placement = next(
+                (p for key in keys if (p := self.affinity.get(key, now)) is not None), None
+            )
+        if not keys or not cfg.bidirectional:
             return
-        now = time.time()
-        try:
-            status, handle = await self.store.take(turn.lookup_key, now)
-        except Exception as exc:
-            self.metrics.store_errors.labels("take").inc()
-            log.warning("Store take failed", extra={"error": repr(exc)})
-            return
-        self.retention.taken(turn.lookup_key, turn.tenant, now)
+        status, handle = await self._take_first(turn, keys)
         turn.take(status, handle, handle is not None and self.still_held(handle))
+
+    async def _take_first(
+        self, turn: Turn, keys: list[bytes]
+    ) -> tuple[TakeStatus, conv.Handle | None]:
+        """The handle under the first key that has one (a session's, then its fingerprint's);
+        the turn keeps that key, so an unused handle goes back where it was (with none, the
+        first key: where its next turn looks first)."""
+        status: TakeStatus = "missing"
+        for key in keys:
+            now = time.time()
+            try:
+                status, handle = await self.store.take(key, now)
+            except Exception as exc:
+                self.metrics.store_errors.labels("take").inc()
+                log.warning("Store take failed", extra={"error": repr(exc)})
+                return "missing", None
+            self.retention.taken(key, turn.tenant, now)  # every key looked at: as one turn
+            if handle is not None or status == "expired":
+                turn.lookup_key = key
+                return status, handle
+        return status, None
 
     def _forgo(self, turn: Turn) -> None:
         """Static mode: when the P that computed the conversation's last prompt serves this turn
@@ -336,7 +356,10 @@ class Router(Serving):
             else:
                 # Its lease ended when the turn took it; it starts again. `replaced=None`: a
                 # restore never overwrites a newer handle, so no lease is released for it here.
-                self.retention.filed(turn.lookup_key, handle, turn.tenant, now, replaced=None)
+                hint = turn.req.retention.applied_s if turn.req.retention is not None else None
+                self.retention.filed(
+                    turn.lookup_key, handle, turn.tenant, now, replaced=None, hint_s=hint
+                )
         m = self.metrics
         m.reuse.labels(turn.outcome).inc()
         self.paths.served(turn.path)

@@ -33,7 +33,7 @@ from typing import Any, Final, Protocol
 
 from aiohttp import web
 
-from boomerang.router import apis, degraded, protocol
+from boomerang.router import apis, degraded, protocol, usage
 from boomerang.router.capabilities import DecodeMode, decode_mode, observe_stream
 from boomerang.router.costmodel import Path
 from boomerang.router.endpoints import Endpoint, Role, compatible
@@ -116,6 +116,7 @@ class PrefillDecode:
         s.metrics.prefill_latency.observe(seconds)
         s.prefill.succeeded(p_ep)
         params: dict[str, Any] | None = protocol.kv_params_of(data)
+        turn.p_cached = usage.answer_cached(turn.req.kind, data)
         if attached is not None:
             turn.spend(accepted=params is not None)
             self._check_prompt_ids(turn, data, p_ep)
