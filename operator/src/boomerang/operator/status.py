@@ -4,8 +4,8 @@ Status is written on purpose, for people and for tools (`kubectl get`, Argo CD h
 per-role desired/ready/updated counts, the router's readiness and URL, the effective kv-transfer
 settings, whether P and D run different engine revisions, and three standard conditions (plus
 kstatus' Reconciling and Stalled, mirroring Progressing and Degraded, for Flux and other kstatus
-readers). It is built from the status model in `api.py`, so it holds exactly the fields the CRD
-declares, under the names the CRD declares:
+readers). It is built from the status model in `api/status.py`, so it holds exactly the fields
+the CRD declares, under the names the CRD declares:
 - Ready: every role and the router have all their replicas ready at the current generation;
 - Progressing: a rollout or scale is under way (including P and D at different revisions);
   its message says when decode's pods wait for prefill to roll out first (rollout.py);
