@@ -12,8 +12,9 @@ the CRD declares, under the names the CRD declares:
 - Degraded: something that will not fix itself, most specific first: the last reconcile
   failed; no node can hold a role's pod (preflight.py: InsufficientCapacity); a component's
   pods cannot be scheduled, pulled or kept running (pods.py: Unschedulable, ImagePullFailed,
-  OOMKilled, CrashLoopBackOff); no progress for PROGRESS_DEADLINE_S (ProgressDeadlineExceeded);
-  replicas went missing after the current spec was Ready, with no rollout to explain it.
+  EFAMemoryRegistrationFailed, OOMKilled, CrashLoopBackOff); no progress for
+  PROGRESS_DEADLINE_S (ProgressDeadlineExceeded); replicas went missing after the current spec
+  was Ready, with no rollout to explain it.
 A condition's `lastTransitionTime` moves only when its status changes, so status never flaps;
 Progressing's (and Reconciling's) also restarts when a new generation is seen or a replica
 becomes ready or updated: it is the progress deadline's clock, like a Deployment's

@@ -174,12 +174,20 @@ RULES: tuple[Rule[SpecFields], ...] = (
         check=lambda s: duration_ns(s.kv_transfer.lease_duration) >= NS_PER_S,
     ),
     Rule(
+        cel=f"({_v('prefill.resources.efa')} == 0) == ({_v('decode.resources.efa')} == 0)",
+        message="spec.prefill.resources.efa and spec.decode.resources.efa must both be 0 or both "
+        "be non-zero: with EFA on either, both roles run NIXL's LIBFABRIC backend over EFA, which "
+        "fails to start on a role without EFA interfaces",
+        field_path=".decode.resources.efa",
+        check=lambda s: (s.prefill.resources.efa == 0) == (s.decode.resources.efa == 0),
+    ),
+    Rule(
         cel=f"({_v('prefill.resources.efa')} == 0 && {_v('decode.resources.efa')} == 0) || "
         f"!{_has('kvTransfer.backend')} || self.kvTransfer.backend == 'LIBFABRIC'",
         message="spec.kvTransfer.backend must be LIBFABRIC when EFA interfaces are requested "
         "(UCX silently falls back to TCP on EFA)",
         field_path=".kvTransfer.backend",
-        check=lambda s: not s.efa or s.kv_transfer.backend in (None, "LIBFABRIC"),
+        check=lambda s: not s.uses_efa or s.kv_transfer.backend in (None, "LIBFABRIC"),
     ),
     Rule(
         cel=f"{_v('router.store.type')} != 'redis' || {_has('router.store.url')} || "

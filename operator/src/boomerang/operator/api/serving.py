@@ -155,7 +155,8 @@ class RoleResources(Model):
         0,
         description=(
             "AWS EFA interfaces (vpc.amazonaws.com/efa) per pod. Non-zero switches NIXL to "
-            "LIBFABRIC with FI_PROVIDER=efa and adds IPC_LOCK."
+            "LIBFABRIC with FI_PROVIDER=efa and adds IPC_LOCK (spec.efa.privileged: a "
+            "privileged container). Both roles or neither: P and D transfer over one fabric."
         ),
         ge=0,
     )
@@ -164,6 +165,20 @@ class RoleResources(Model):
     )
     shm_size: Quantity = Field(
         "16Gi", description="Size of the in-memory /dev/shm volume (NCCL, NIXL staging)."
+    )
+
+
+class EfaSpec(Model):
+    """How the engine pods use AWS EFA, for both roles (the interfaces themselves are each role's
+    `resources.efa`)."""
+
+    privileged: bool = Field(
+        False,
+        description="Run the engine containers privileged when EFA is requested. Off, they get "
+        "IPC_LOCK only. Needed where NIXL's LIBFABRIC backend cannot register GPU memory with "
+        "the EFA NIC unprivileged (libfabric's fi_mr_reg fails: the status then says Degraded, "
+        "EFAMemoryRegistrationFailed), which recipes tie to the container's access to the "
+        "GDRCopy device (/dev/gdrdrv) and to locked-memory limits. Ignored without EFA.",
     )
 
 

@@ -17,7 +17,7 @@ from boomerang.operator.api.durations import parse_duration
 from boomerang.operator.api.fields import Model
 from boomerang.operator.api.kvtransfer import KVTransferSpec
 from boomerang.operator.api.router import RouterSpec
-from boomerang.operator.api.serving import EngineSpec, ModelSpec, PlacementSpec, RoleSpec
+from boomerang.operator.api.serving import EfaSpec, EngineSpec, ModelSpec, PlacementSpec, RoleSpec
 
 
 class SpecFields(Model):
@@ -36,17 +36,21 @@ class SpecFields(Model):
     placement: PlacementSpec = Field(
         default_factory=lambda: PlacementSpec(), description="Network placement of P and D."
     )
+    efa: EfaSpec = Field(
+        default_factory=lambda: EfaSpec(),
+        description="How the engine pods use AWS EFA (when the roles request interfaces).",
+    )
 
     # Derived values: the one place each default that depends on other fields is computed.
     @property
-    def efa(self) -> bool:
+    def uses_efa(self) -> bool:
         return self.prefill.resources.efa > 0 or self.decode.resources.efa > 0
 
     @property
     def backend(self) -> Literal["UCX", "LIBFABRIC"]:
         if self.kv_transfer.backend:
             return self.kv_transfer.backend
-        return "LIBFABRIC" if self.efa else "UCX"
+        return "LIBFABRIC" if self.uses_efa else "UCX"
 
     @property
     def router_ttl_seconds(self) -> float:
