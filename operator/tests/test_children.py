@@ -86,7 +86,7 @@ def test_efa_sets_libfabric_ipc_lock_devices_and_hugepages() -> None:
         limits = engine["resources"]["limits"]
         assert limits["vpc.amazonaws.com/efa"] == 16  # p5en.48xlarge
         assert limits["nvidia.com/gpu"] == 8
-        assert limits["hugepages-2Mi"] == "5120Mi"
+        assert limits["hugepages-2Mi"] == "8192Mi"  # 128 rails x 64 MiB (the example's comment)
         assert "--tensor-parallel-size" in engine["args"]
 
 
