@@ -68,6 +68,7 @@ def test_more_hugepages_than_any_node_reserved_is_degraded_with_the_fix_until_fi
     cluster: Cluster, operator: Any, namespace: str
 ) -> None:
     manifest = patched(example("minimal.yaml"), "spec.decode.resources.hugepages2Mi", "80Gi")
+    manifest = patched(manifest, "spec.decode.resources.memory", "8Gi")  # hugepages need it
     name = manifest["metadata"]["name"]
     apply(cluster, manifest, namespace)
     degraded = _degraded(cluster, namespace, name, "InsufficientCapacity")

@@ -95,6 +95,22 @@ def _gpus_rule(role: Role) -> Rule[SpecFields]:
     )
 
 
+def _hugepages_rule(role: Role) -> Rule[SpecFields]:
+    resources = f"{role}.resources"
+    return Rule(
+        cel=f"!{_has(f'{resources}.hugepages2Mi')} || {_has(f'{resources}.memory')} || "
+        f"{_has(f'{resources}.cpu')}",
+        message=f"spec.{role}.resources.hugepages2Mi needs spec.{role}.resources.memory or cpu: "
+        "Kubernetes refuses hugepages in a container without a cpu or memory request",
+        field_path=f".{role}.resources.hugepages2Mi",
+        check=lambda s: (
+            getattr(s, role).resources.hugepages2_mi is None
+            or getattr(s, role).resources.memory is not None
+            or getattr(s, role).resources.cpu is not None
+        ),
+    )
+
+
 _TEMPLATE = "self.model.chatTemplate"
 
 
@@ -273,6 +289,8 @@ RULES: tuple[Rule[SpecFields], ...] = (
     ),
     _gpus_rule("prefill"),
     _gpus_rule("decode"),
+    _hugepages_rule("prefill"),
+    _hugepages_rule("decode"),
 )
 """Rules across the spec's fields, checked by the API server at the spec (CEL) and by the
 model. Every field a rule reads goes through `_v` or `_has`, so no rule fails to evaluate on a
