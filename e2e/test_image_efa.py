@@ -11,6 +11,7 @@ over https (`<base>/aws-efa-installer-<version>.tar.gz[.sig]`, `<base>/aws-efa-i
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import tarfile
@@ -21,7 +22,10 @@ from images.build import REPO
 from images_testing import builder, try_build, unavailable
 
 pytestmark = [pytest.mark.node, pytest.mark.timeout(1800)]
-VERSION = "1.50.0"
+VERSION = re.findall(
+    r"^ARG EFA_INSTALLER_VERSION=(\S+)$", (REPO / "connector" / "Dockerfile").read_text(), re.M
+)[0]
+"""The version the Dockerfile pins: the stand-in is served under its name."""
 SCRIPT = "connector/image/libfabric.sh"
 FAKE_INSTALLER = """#!/bin/bash
 set -e
@@ -29,7 +33,7 @@ install -D -m 755 fi_info /opt/amazon/efa/bin/fi_info
 """
 FAKE_FI_INFO = """#!/bin/sh
 case "$1" in
-  --version) echo "fi_info: 2.1.0amzn"; echo "libfabric: 2.1.0amzn";;
+  --version) echo "fi_info: 2.7.0amzn2.0"; echo "libfabric: 2.7.0amzn2.0";;
   --list) printf 'tcp:\\n    version: 1.0\\n'; PROVIDERS;;
 esac
 """

@@ -95,7 +95,7 @@ def test_sample_reconciles_to_ready_children(
     for role_name in ROLES:
         role = getattr(spec, role_name)
         sts = kids[("StatefulSet", f"{name}-{role_name}")]
-        _check_engine_role(sts, kids[("Service", f"{name}-{role_name}")], role, spec.efa)
+        _check_engine_role(sts, kids[("Service", f"{name}-{role_name}")], role, spec.uses_efa)
         image = sts["spec"]["template"]["spec"]["containers"][0]["image"]
         assert image == spec.engine.image
         want = {"desired": role.replicas, "ready": role.replicas, "updated": role.replicas}
@@ -116,7 +116,7 @@ def test_sample_reconciles_to_ready_children(
     assert not is_true(dd, "Degraded"), condition(dd, "Degraded")
     kv = dd["status"]["kvTransfer"]
     assert kv["decoderBlocksTTLSeconds"] == parse_duration(spec.kv_transfer.decoder_blocks_ttl)
-    assert kv["backend"] == ("LIBFABRIC" if spec.efa else "UCX")
+    assert kv["backend"] == ("LIBFABRIC" if spec.uses_efa else "UCX")
 
     # kwok made every pod Running and Ready, on a node that satisfies its requests.
     running = pods(cluster, namespace, name)

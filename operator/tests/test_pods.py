@@ -87,9 +87,58 @@ def waiting(reason: str, message: str = "") -> dict[str, Any]:
 RUNNING = {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
 OOM = {"terminated": {"reason": "OOMKilled", "exitCode": 137, "finishedAt": "2026-01-01T00:01:00Z"}}
 ERROR = {"terminated": {"reason": "Error", "exitCode": 1}}
+MR_FAILED = (  # what the engine's entrypoint writes (connector/entrypoint.py)
+    "EFAMemoryRegistrationFailed: E1204 libfabric_rail.cpp:1234] fi_mr_reg failed on rail 3: "
+    "Permission denied; fix: set spec.efa.privileged: true"
+)
+MR_LOG_TAIL = "...\nE1204 libfabric_rail.cpp:1234] fi_mr_reg failed on rail 0: Bad address\n..."
+EFA_FIX = (
+    "set spec.efa.privileged: true (registering GPU memory with the EFA NIC may need a "
+    "privileged container, e.g. for /dev/gdrdrv; docs/eks.md, Privileged EFA pods)"
+)
 
 CASES: list[tuple[str, list[dict[str, Any]], tuple[str, str, bool] | None]] = [
     ("no pods", [], None),
+    (
+        "EFA memory registration failed: the entrypoint's message, before the crash loop",
+        [
+            pod(
+                containers=[
+                    container(
+                        waiting("CrashLoopBackOff"),
+                        restarts=4,
+                        last={
+                            "terminated": {"reason": "Error", "exitCode": 1, "message": MR_FAILED}
+                        },
+                    )
+                ]
+            )
+        ],
+        (
+            "EFAMemoryRegistrationFailed",
+            "pod qwen-decode-0 container engine: NIXL could not register memory with the EFA NIC "
+            f"(fi_mr_reg), 4 restarts; {EFA_FIX}",
+            True,
+        ),
+    ),
+    (
+        "EFA memory registration failed: found in the log's tail (FallbackToLogsOnError)",
+        [
+            pod(
+                containers=[
+                    container(
+                        {"terminated": {"reason": "Error", "exitCode": 1, "message": MR_LOG_TAIL}}
+                    )
+                ]
+            )
+        ],
+        (
+            "EFAMemoryRegistrationFailed",
+            "pod qwen-decode-0 container engine: NIXL could not register memory with the EFA NIC "
+            f"(fi_mr_reg), 0 restarts; {EFA_FIX}",
+            True,
+        ),
+    ),
     ("ready pod", [pod(ready=True, containers=[container(RUNNING, started=True)])], None),
     (
         "unschedulable: the scheduler's message kept",

@@ -443,6 +443,7 @@ def _degraded(outcome: Outcome) -> dict[str, Any]:
 
 def test_a_request_no_node_can_meet_is_degraded_from_the_spec_and_stays_so_on_refresh() -> None:
     kube = MemoryKube(body())
+    kube.owner["spec"]["prefill"]["resources"]["efa"] = 16
     kube.owner["spec"]["decode"]["resources"]["efa"] = 32
     kube.nodes = [_node(16), _node(16)]
     outcome = reconcile(kube.owner, kube, NOW)
@@ -473,6 +474,7 @@ def test_nodes_are_not_listed_once_the_roles_have_rolled_out() -> None:
 
 def test_an_operator_that_cannot_read_nodes_skips_the_preflight() -> None:
     kube = MemoryKube(body())
+    kube.owner["spec"]["prefill"]["resources"]["efa"] = 16
     kube.owner["spec"]["decode"]["resources"]["efa"] = 32
     kube.nodes = KubeError('nodes is forbidden: User "x" cannot list resource "nodes"', 403)
     outcome = reconcile(kube.owner, kube, NOW)
@@ -503,3 +505,31 @@ def test_the_pods_of_a_role_not_ready_say_why_in_status() -> None:
     )
     roles = {labels["boomerang.dev/role"] for kind, labels in kube.listed if kind == "Pod"}
     assert roles == {"prefill", "decode", "router"}
+
+
+def test_an_engine_that_cannot_register_memory_with_efa_is_degraded_with_the_fix() -> None:
+    """The engine's termination message (connector/entrypoint.py) becomes Degraded's reason."""
+    kube = MemoryKube(body())
+    reconcile(kube.owner, kube, NOW)
+    said = (
+        "EFAMemoryRegistrationFailed: fi_mr_reg failed on rail 0: Permission denied; "
+        "fix: set spec.efa.privileged: true"
+    )
+    kube.pods = [
+        {
+            "metadata": {"name": "minimal-prefill-0",
+                         "labels": {"boomerang.dev/deployment": "minimal",
+                                    "boomerang.dev/role": "prefill"}},
+            "status": {"containerStatuses": [
+                {"name": "engine", "restartCount": 2,
+                 "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                 "lastState": {"terminated": {"reason": "Error", "exitCode": 1, "message": said}}}
+            ]},
+        }
+    ]  # fmt: skip
+    degraded = _degraded(refresh_status(kube.owner, kube, NOW))
+    assert (degraded["status"], degraded["reason"]) == ("True", "EFAMemoryRegistrationFailed")
+    assert degraded["message"].startswith(
+        "prefill: pod minimal-prefill-0 container engine: NIXL could not register memory with "
+        "the EFA NIC (fi_mr_reg), 2 restarts; set spec.efa.privileged: true"
+    )

@@ -10,7 +10,10 @@ Facts encoded here (vLLM 0.21+ NixlConnector):
   roles get the same extra config and only `kv_role` differs;
 - `kv_load_failure_policy: recompute` turns a failed or expired D->P read into a local
   recompute instead of an HTTP 500 to the user;
-- on AWS EFA, NIXL must use LIBFABRIC with `FI_PROVIDER=efa` (UCX silently emulates over TCP);
+- on AWS EFA, NIXL must use LIBFABRIC with `FI_PROVIDER=efa` (UCX silently emulates over TCP),
+  and libfabric's shared-memory path stays off (`FI_EFA_ENABLE_SHM_TRANSFER=0`: it needs
+  cross-memory attach, which the pods' RuntimeDefault seccomp profile may refuse; NIXL's
+  transfers go over the NIC);
 - P and D must render a prompt identically (D decodes on P's KV of P's rendering, and the
   router verifies reuse on P's): the chat template and the tool-call and reasoning parsers
   (which adjust requests) are the engine's, one setting for both roles;
@@ -259,4 +262,17 @@ def engine_env(role: Role, kv: KVTransferSettings, *, efa: bool = False) -> dict
         if efa:
             env["FI_EFA_USE_DEVICE_RDMA"] = "1"
             env["FI_EFA_FORK_SAFE"] = "1"
+            env["FI_EFA_ENABLE_SHM_TRANSFER"] = "0"
     return env
+
+
+EFA_REGISTRATION_FAILED = "EFAMemoryRegistrationFailed"
+"""The reason an engine gives, in its termination message, when NIXL could not register memory
+with the EFA NIC; the operator's status carries it as Degraded's reason."""
+EFA_REGISTRATION_LOG = re.compile(r"fi_mr_reg\w* failed")
+"""NIXL's LIBFABRIC backend logs `fi_mr_reg failed on rail N: <libfabric's error>` when
+registering memory (the KV cache in GPU memory) fails; older releases named fi_mr_regattr."""
+EFA_REGISTRATION_FIX = (
+    "set spec.efa.privileged: true (registering GPU memory with the EFA NIC may need a "
+    "privileged container, e.g. for /dev/gdrdrv; docs/eks.md, Privileged EFA pods)"
+)

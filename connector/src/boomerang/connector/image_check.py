@@ -15,15 +15,21 @@ fails the build unless:
   process (the CUDA runtime), except the GPU driver's `libcuda.so.1`, which the NVIDIA container
   runtime mounts from the host at run time (so LIBFABRIC itself can only load on a GPU node; on
   a CPU stand-in base, whose torch has no CUDA, the CUDA runtime is not asked for either); and
-  each has the symbol versions the plugin needs (nixl 1.5.1's needs libfabric's `FABRIC_1.10`,
-  a libfabric 2 such as AWS's; Debian's and Ubuntu's libfabric1 are older: with
-  `--libfabric distribution` that is reported, not failed, and the image serves UCX only);
+  each has the symbol versions the plugin needs: `readelf -V` of the plugin against
+  `readelf -V` of the libfabric.so.1 it resolves (nixl 1.5.1's needs `FABRIC_1.10`, first
+  defined by libfabric 2.7, which AWS's EFA installer ships from 1.51.0; Debian's and Ubuntu's
+  libfabric1 are older: with `--libfabric distribution` that is reported, not failed, and the
+  image serves UCX only);
+- NIXL loads the LIBFABRIC plugin where it can (its memory types come from the loaded library),
+  and the check tries to create the backend as the engine does. Without an EFA device (any
+  build, any node without EFA) libfabric's efa provider finds no NIC and creation fails: that
+  is said, with why, not failed; `--require-libfabric-backend` (on an EFA node) fails on it;
 - Boomerang's NIXL patch (`nixl_quiet`) applies to this NIXL, and `pip check` finds no broken
   requirement the build added to its base (it prints the base's own, and the operator's and
   router's packages, which the image leaves out of Boomerang's install on purpose).
 
 Run in an image: `python3 -m boomerang.connector.image_check [backend|narrow|check]
-[--libfabric efa-installer|distribution]`.
+[--libfabric efa-installer|distribution] [--require-libfabric-backend]`.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import subprocess
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 LOADER = "nixl"
 BACKENDS = ("nixl-cu12", "nixl-cu13")
@@ -44,6 +51,9 @@ HOST_PROVIDED = frozenset({"libcuda.so.1"})
 """Libraries the container runtime mounts from the host at run time (the GPU driver's)."""
 CUDA_RUNTIME = "libcudart.so."
 LIBFABRIC_PLUGIN = "libplugin_LIBFABRIC.so"
+LIBFABRIC_SONAME = "libfabric.so.1"
+RDMA_DEVICES = Path("/sys/class/infiniband")
+"""Where the kernel lists RDMA devices (an EFA NIC is one); empty or absent: no EFA here."""
 REQUIRED_PLUGINS = ("UCX", "LIBFABRIC")
 BASE_PIP_CHECK = Path("/usr/local/share/boomerang/base-pip-check.txt")
 """`pip check` of the base image, written by the Dockerfile's first step."""
@@ -112,6 +122,70 @@ def missing_versions(ldd_output: str) -> list[str]:
     return sorted({f"{Path(lib).name} {version}" for lib, version in found})
 
 
+def _sections(readelf: str) -> dict[str, list[str]]:
+    """`readelf -V`'s lines by section: `symbols`, `definition`, `needs`."""
+    found: dict[str, list[str]] = {}
+    current: list[str] = []
+    for line in readelf.splitlines():
+        header = re.match(r"Version (symbols|definition|needs) section", line)
+        if header:
+            current = found.setdefault(header.group(1), [])
+        else:
+            current.append(line)
+    return found
+
+
+def needed_versions(readelf: str) -> dict[str, set[str]]:
+    """The symbol versions a binary needs, per library (`readelf -V`'s `.gnu.version_r`)."""
+    needs: dict[str, set[str]] = {}
+    library = None
+    for line in _sections(readelf).get("needs", []):
+        if file := re.search(r"\bFile: (\S+)", line):
+            library = file.group(1)
+            needs.setdefault(library, set())
+        elif (name := re.search(r"\bName: (\S+)", line)) and library is not None:
+            needs[library].add(name.group(1))
+    return needs
+
+
+def defined_versions(readelf: str) -> set[str]:
+    """The symbol versions a library defines (`.gnu.version_d`), less its BASE entry (which
+    names the library itself)."""
+    return {
+        name.group(1)
+        for line in _sections(readelf).get("definition", [])
+        if "Flags: BASE" not in line and (name := re.search(r"\bName: (\S+)", line))
+    }
+
+
+def lacking_versions(plugin: str, library: str, soname: str = LIBFABRIC_SONAME) -> list[str]:
+    """What `soname` lacks of the versions the plugin needs from it, from both `readelf -V`
+    outputs, as `libfabric.so.1 FABRIC_1.10` (in version order)."""
+    missing = needed_versions(plugin).get(soname, set()) - defined_versions(library)
+    return [f"{soname} {v}" for v in sorted(missing, key=_version_key)]
+
+
+def _version_key(version: str) -> tuple[str, tuple[int, ...]]:
+    """FABRIC_1.9 before FABRIC_1.10."""
+    prefix, _, number = version.rpartition("_")
+    return prefix, tuple(int(n) for n in re.findall(r"[0-9]+", number))
+
+
+def backend_failure(message: str, rdma_devices: Iterable[str]) -> str:
+    """Why NIXL could not create its LIBFABRIC backend here, in words: most often that there is
+    no EFA device (a build, a node without EFA), which is expected and no fault of the image."""
+    if "libcuda.so.1" in message:
+        return f"the GPU driver's libcuda.so.1 is mounted only on a GPU node ({message})"
+    if "FABRIC_" in message and "not found" in message:
+        return f"libfabric.so.1 is too old for the plugin ({message})"
+    if not list(rdma_devices):
+        return (
+            "no EFA device here (no RDMA device in /sys/class/infiniband): libfabric's efa "
+            f"provider finds no NIC, so the backend cannot initialise ({message})"
+        )
+    return message
+
+
 def loaded_sonames(maps: str) -> set[str]:
     """The shared libraries mapped in a process (`/proc/<pid>/maps`), by file name."""
     return {Path(line.split()[-1]).name for line in maps.splitlines() if ".so" in line}
@@ -152,14 +226,15 @@ def narrow() -> Path:
     return metadata
 
 
-def check(libfabric: str = "efa-installer") -> list[str]:
+def check(libfabric: str = "efa-installer", require_backend: bool = False) -> list[str]:
     """Every check of the module docstring; prints what it found, returns the problems.
-    `libfabric` is where the image's libfabric came from (the Dockerfile's LIBFABRIC)."""
+    `libfabric` is where the image's libfabric came from (the Dockerfile's LIBFABRIC);
+    `require_backend`: the LIBFABRIC backend must be created (on a node with EFA)."""
     cuda = torch_cuda()
     expected = backend(cuda)
     installed = installed_nixl()
     print(f"image: torch CUDA {cuda}; NIXL {installed}; expected backend {expected}")
-    problems = install_problems(installed, expected) + load_problems(expected)
+    problems = install_problems(installed, expected) + load_problems(expected, require_backend)
     for name in BACKENDS:
         if name in installed:
             problems += libfabric_problems(name, cuda, strict=libfabric != "distribution")
@@ -198,21 +273,25 @@ def pip_check_findings(output: str, base: str = "") -> tuple[list[str], list[str
     return broken, own, inherited
 
 
-def load_problems(expected: str) -> list[str]:
-    """NIXL as vLLM loads it (`nixl._api`): the backend it picks, the plugins it finds."""
+def load_problems(expected: str, require_backend: bool = False) -> list[str]:
+    """NIXL as vLLM loads it (`nixl._api`): the backend it picks, the plugins it finds, and the
+    LIBFABRIC backend as the engine creates it (`libfabric_backend`)."""
     try:
         import nixl
         import nixl._api as api
 
         picked = str(nixl._pkg.__name__)
         config = api.nixl_agent_config(enable_prog_thread=False, backends=[])
-        plugins = sorted(api.nixl_agent("image-check", config).get_plugin_list())
+        agent = api.nixl_agent("image-check", config)
+        plugins = sorted(agent.get_plugin_list())
     except Exception as exc:  # any failure to load NIXL is the finding
         return [f"NIXL does not load: {type(exc).__name__}: {exc}"]
     print(f"image: nixl._api from {picked}; the plugins NIXL finds: {', '.join(plugins)}")
     problems = [f"NIXL has no {p} plugin" for p in REQUIRED_PLUGINS if p not in plugins]
     if picked != module_of(expected):
         problems.append(f"nixl loaded {picked}, not {module_of(expected)}")
+    if "LIBFABRIC" in plugins:
+        problems += libfabric_backend(agent, require_backend)
     from boomerang.connector import nixl_quiet
 
     if not nixl_quiet.apply():
@@ -220,10 +299,34 @@ def load_problems(expected: str) -> list[str]:
     return problems
 
 
+def libfabric_backend(agent: Any, required: bool) -> list[str]:
+    """Load NIXL's LIBFABRIC plugin and create its backend, as the engine does; say what
+    happened and why. Without an EFA device the backend cannot be created (libfabric's efa
+    provider finds no NIC): a problem only when `required`."""
+    mems = agent.get_plugin_mem_types("LIBFABRIC")
+    if mems:
+        print(f"image: NIXL loaded its LIBFABRIC plugin (memory types {', '.join(mems)})")
+    else:
+        print("image: NIXL lists LIBFABRIC but reports no memory types for it (not loaded)")
+    try:
+        agent.create_backend("LIBFABRIC", {})
+    except Exception as exc:  # NIXL raises its own error types; the message is the finding
+        devices = sorted(d.name for d in RDMA_DEVICES.glob("*")) if RDMA_DEVICES.is_dir() else []
+        why = backend_failure(f"{type(exc).__name__}: {exc}", devices)
+        if required:
+            return [f"NIXL cannot create its LIBFABRIC backend: {why}"]
+        print(f"image: NIXL's LIBFABRIC backend not created here: {why}")
+        return []
+    created = ", ".join(agent.get_backend_mem_types("LIBFABRIC"))
+    print(f"image: NIXL created its LIBFABRIC backend (memory types {created})")
+    return []
+
+
 def libfabric_problems(distribution: str, cuda: str | None, strict: bool) -> list[str]:
-    """`ldd` on a backend's LIBFABRIC plugin, in this process (torch loaded). A library too old
-    for the plugin (a missing symbol version) fails only when `strict`: the image is meant to
-    use LIBFABRIC (AWS's EFA installer); with the distribution's libfabric it serves UCX."""
+    """`ldd` on a backend's LIBFABRIC plugin, in this process (torch loaded), then `readelf -V`
+    of the plugin against the libfabric.so.1 `ldd` resolved. A library too old for the plugin (a
+    missing symbol version) fails only when `strict`: the image is meant to use LIBFABRIC (AWS's
+    EFA installer); with the distribution's libfabric it serves UCX."""
     plugin = plugin_file(distribution, LIBFABRIC_PLUGIN)
     if plugin is None:
         return [f"{distribution} has no {LIBFABRIC_PLUGIN}"]
@@ -236,7 +339,21 @@ def libfabric_problems(distribution: str, cuda: str | None, strict: bool) -> lis
         f"{distribution} {plugin.name} links {lib}: not found, and nothing provides it at run time"
         for lib in unresolved(ldd.stdout, loaded, cuda)
     ]
-    if too_old := missing_versions(ldd.stdout + ldd.stderr):
+    library = dict(found).get(LIBFABRIC_SONAME)
+    if library is None:
+        return problems
+    try:
+        too_old = lacking_versions(readelf(plugin), readelf(Path(library)))
+    except OSError as exc:  # no readelf (binutils), or it failed on a file
+        problems.append(f"cannot compare symbol versions with readelf: {exc}")
+        too_old = missing_versions(ldd.stdout + ldd.stderr)
+    else:
+        print(
+            f"image: readelf: {library} defines every symbol version {plugin.name} needs"
+            if not too_old
+            else f"image: readelf: {library} lacks {', '.join(too_old)}"
+        )
+    if too_old:
         what = (
             f"{distribution} {plugin.name} needs {', '.join(too_old)}, which this libfabric lacks"
         )
@@ -247,10 +364,23 @@ def libfabric_problems(distribution: str, cuda: str | None, strict: bool) -> lis
     return problems
 
 
+def readelf(path: Path) -> str:
+    """`readelf -V` of a binary (OSError when readelf is missing or fails)."""
+    out = subprocess.run(["readelf", "-V", "--wide", str(path)], capture_output=True, text=True)
+    if out.returncode:
+        raise OSError(f"readelf -V {path} exited {out.returncode}: {out.stderr.strip()}")
+    return out.stdout
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     commands = ("backend", "narrow", "check")
     parser.add_argument("command", nargs="?", default="check", choices=commands)
+    parser.add_argument(
+        "--require-libfabric-backend",
+        action="store_true",
+        help="fail unless NIXL creates its LIBFABRIC backend (on a node with EFA devices)",
+    )
     parser.add_argument(
         "--libfabric",
         default="efa-installer",
@@ -264,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "narrow":
         print(f"image: {narrow()} requires {backend(torch_cuda())} only")
         return 0
-    problems = check(args.libfabric)
+    problems = check(args.libfabric, args.require_libfabric_backend)
     for problem in problems:
         print(f"image check failed: {problem}", file=sys.stderr)
     if not problems:

@@ -6,7 +6,7 @@ own message, and a valid resource can be refused too. The API server fills the s
 defaults in before it validates, but not every optional field has a default (a map such as
 `router.service.annotations` has none) and a rule must not depend on which ones do.
 
-So the rules in `api.py` read fields only through these helpers: `present` guards every object
+So the rules in `api/rules.py` read fields only through these helpers: `present` guards every object
 on the path with `has()`, and `value` reads a field or, when it or an object above it is
 absent, the API model's own default for it (one source of truth for defaults: the pydantic
 field). Pure string building; `e2e/test_admission.py` runs every rule on the real API server

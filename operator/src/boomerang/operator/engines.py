@@ -5,7 +5,10 @@ Why a StatefulSet: every engine pod needs a stable identity the router can name 
 entry the router watches. Why these pod details:
 - the NIXL side channel binds and advertises `VLLM_NIXL_SIDE_CHANNEL_HOST`: the pod IP, from the
   downward API (the entrypoint copies `POD_IP` into it);
-- EFA needs the `vpc.amazonaws.com/efa` devices, IPC_LOCK to register memory, hugepages;
+- EFA needs the `vpc.amazonaws.com/efa` devices, IPC_LOCK to register memory (or a privileged
+  container, `spec.efa.privileged`, where registering GPU memory needs more), hugepages;
+- the engine writes why it failed, when the resource holds the fix, to its termination message
+  (the entrypoint); where it could not, the log's tail stands in (FallbackToLogsOnError);
 - model loading takes minutes: a startup probe with a long budget guards the readiness probe;
 - the config hash annotation rolls pods on any change; the engine revision rolls both roles;
 - a chat template from a ConfigMap key is mounted read-only where `--chat-template` names it;
@@ -174,9 +177,13 @@ def _engine_container(dd: DisaggregatedDeployment, role: Role) -> dict[str, Any]
         "livenessProbe": _probe(period=15, failures=8),
         # Let the router see the pod leave its EndpointSlice before vLLM stops accepting work.
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", "10"]}}},
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if spec.resources.efa > 0:
-        container["securityContext"] = {"capabilities": {"add": ["IPC_LOCK"]}}
+        context: dict[str, Any] = {"capabilities": {"add": ["IPC_LOCK"]}}
+        if dd.spec.efa.privileged:
+            context["privileged"] = True
+        container["securityContext"] = context
     return container
 
 

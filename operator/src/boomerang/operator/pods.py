@@ -9,6 +9,10 @@ these, and whether it will fix itself: a pod that cannot be scheduled, pulled or
 so until someone changes something (status says Degraded); a startup probe still failing, or a
 pod pending only because nodes are cordoned, may pass on its own (status says Progressing).
 
+An engine that failed for a reason the resource must fix says so in its termination message
+(the entrypoint writes it; the log's tail stands in otherwise): NIXL failing to register memory
+with the EFA NIC (`fi_mr_reg`) is `EFAMemoryRegistrationFailed`, with its fix.
+
 Startup probes are read from `started: false` and restart counts rather than from the pods'
 `Unhealthy` events: that would be one more list per pod on every refresh, and a startup probe
 failing is normal for minutes while an engine loads its model, so it never degrades status.
@@ -20,6 +24,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from boomerang.connector.config import (
+    EFA_REGISTRATION_FAILED,
+    EFA_REGISTRATION_FIX,
+    EFA_REGISTRATION_LOG,
+)
+
 MESSAGE_MAX = 300
 """A pod's message is cut to this: the scheduler's can list every node group."""
 
@@ -29,6 +39,7 @@ IMAGE_PULL_REASONS = frozenset(
 PRIORITY = (
     "Unschedulable",
     "ImagePullFailed",
+    EFA_REGISTRATION_FAILED,
     "OOMKilled",
     "CrashLoopBackOff",
     "StartupProbeFailing",
@@ -96,6 +107,13 @@ def _container_finding(pod: Mapping[str, Any], status: Mapping[str, Any]) -> Fin
         detail = waiting.get("message") or f"cannot pull image {status.get('image')}"
         return Finding("ImagePullFailed", _trim(f"{where}: {reason}: {detail}"), stuck=True)
     terminated = _terminated(status)
+    said = str(terminated.get("message") or "")
+    if EFA_REGISTRATION_FAILED in said or EFA_REGISTRATION_LOG.search(said):
+        message = (
+            f"{where}: NIXL could not register memory with the EFA NIC (fi_mr_reg), "
+            f"{restarts} restarts; {EFA_REGISTRATION_FIX}"
+        )
+        return Finding(EFA_REGISTRATION_FAILED, _trim(message), stuck=True)
     if terminated.get("reason") == "OOMKilled":
         limit = _memory_limit(pod, str(status.get("name")))
         detail = f" (memory limit {limit})" if limit else ""

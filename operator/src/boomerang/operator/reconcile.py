@@ -7,10 +7,10 @@ fresh, compute status, and write it only when it changed. Nothing here branches 
 emits the events they return. The one child that is not applied is the lease token's Secret:
 created when missing and never rewritten (leasetoken.py), so a reconcile never rotates it.
 
-Status also says why pods are not ready. A full reconcile compares each engine role's GPU and
-EFA request with the nodes its pods may run on (preflight.py), so a pod no node can hold is
-reported from the spec at once; every refresh reads the pods of components not yet ready
-(pods.py). Both are read only while something is not ready: a settled resource costs nothing.
+Status also says why pods are not ready. A full reconcile compares each engine role's GPU, EFA
+and hugepages request with the nodes its pods may run on (preflight.py), so a pod no node can
+hold is reported from the spec at once; every refresh reads the pods of components not yet
+ready (pods.py). Both are read only while something is not ready: a settled resource costs nothing.
 A cluster that refuses the operator nodes (a namespaced install without that grant) skips the
 preflight and says so once in the log. The pods of an engine role mid-rollout are read too: they
 say which engine revisions run, for `revisionSkew` (revisions.py).

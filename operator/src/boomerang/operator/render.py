@@ -125,7 +125,7 @@ def engine_env(dd: DisaggregatedDeployment, role: Role) -> dict[str, str]:
     """Literal env of one role's engine: connector env and the engine revision (which the
     engine publishes, so the router can pair P and D of one revision), then the user's (user
     wins)."""
-    env = connector.engine_env(role, kv_settings(dd, role), efa=dd.spec.efa)
+    env = connector.engine_env(role, kv_settings(dd, role), efa=dd.spec.uses_efa)
     env[connector.ENGINE_REVISION_ENV] = engine_revision(dd)
     for var in user_env(dd, role):
         if var.value is not None:

@@ -8,7 +8,7 @@ operator creates the scaler once (seeded from `spec.<role>.replicas`), never wri
 again, and renders the StatefulSet's replicas from it. Its status (the role's pods and their
 label selector, which an HPA needs) is written by the operator.
 
-Like `api.py`, these models are the single source of the CRD (`crdgen.py`), its CEL rules and
+Like `api/`, these models are the single source of the CRD (`crdgen.py`), its CEL rules and
 its printer columns.
 """
 
@@ -20,7 +20,7 @@ from pydantic import ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from boomerang.operator import cel
-from boomerang.operator.api import INT32_MAX, MAX_NAME_LENGTH, Rule, _Model
+from boomerang.operator.api import INT32_MAX, MAX_NAME_LENGTH, Model, Rule
 
 KIND = "DisaggregatedRoleScaler"
 PLURAL = "disaggregatedrolescalers"
@@ -28,7 +28,7 @@ SINGULAR = "disaggregatedrolescaler"
 SHORT_NAMES = ["drs", "rolescaler"]
 
 
-class DisaggregatedRoleScalerSpec(_Model):
+class DisaggregatedRoleScalerSpec(Model):
     """Which role this scales, and how many pods it should have."""
 
     deployment_name: str = Field(
@@ -45,7 +45,7 @@ class DisaggregatedRoleScalerSpec(_Model):
     )
 
 
-class DisaggregatedRoleScalerStatus(_Model):
+class DisaggregatedRoleScalerStatus(Model):
     """The role's pods, as its StatefulSet reports them (written by the operator)."""
 
     replicas: int = Field(0, description="Pods the role's StatefulSet has.")
@@ -56,7 +56,7 @@ class DisaggregatedRoleScalerStatus(_Model):
     observed_generation: int = Field(0, description="The scaler generation the role runs at.")
 
 
-class DisaggregatedRoleScaler(_Model):
+class DisaggregatedRoleScaler(Model):
     """A per-role scaling adapter: a scale subresource for one role of a deployment."""
 
     model_config = ConfigDict(

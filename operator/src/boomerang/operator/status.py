@@ -4,16 +4,17 @@ Status is written on purpose, for people and for tools (`kubectl get`, Argo CD h
 per-role desired/ready/updated counts, the router's readiness and URL, the effective kv-transfer
 settings, whether P and D run different engine revisions, and three standard conditions (plus
 kstatus' Reconciling and Stalled, mirroring Progressing and Degraded, for Flux and other kstatus
-readers). It is built from the status model in `api.py`, so it holds exactly the fields the CRD
-declares, under the names the CRD declares:
+readers). It is built from the status model in `api/status.py`, so it holds exactly the fields
+the CRD declares, under the names the CRD declares:
 - Ready: every role and the router have all their replicas ready at the current generation;
 - Progressing: a rollout or scale is under way (including P and D at different revisions);
   its message says when decode's pods wait for prefill to roll out first (rollout.py);
 - Degraded: something that will not fix itself, most specific first: the last reconcile
   failed; no node can hold a role's pod (preflight.py: InsufficientCapacity); a component's
   pods cannot be scheduled, pulled or kept running (pods.py: Unschedulable, ImagePullFailed,
-  OOMKilled, CrashLoopBackOff); no progress for PROGRESS_DEADLINE_S (ProgressDeadlineExceeded);
-  replicas went missing after the current spec was Ready, with no rollout to explain it.
+  EFAMemoryRegistrationFailed, OOMKilled, CrashLoopBackOff); no progress for
+  PROGRESS_DEADLINE_S (ProgressDeadlineExceeded); replicas went missing after the current spec
+  was Ready, with no rollout to explain it.
 A condition's `lastTransitionTime` moves only when its status changes, so status never flaps;
 Progressing's (and Reconciling's) also restarts when a new generation is seen or a replica
 becomes ready or updated: it is the progress deadline's clock, like a Deployment's

@@ -1,0 +1,143 @@
+"""Bidirectional KV transfer and its tuning: D keeps a turn's blocks, P pulls them back, and the
+router picks each turn's path.
+
+Why a module of its own: these settings reach the engines (vLLM's kv-transfer config) and the
+router (its reloaded `tuning` section), never the pod's shape.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from boomerang.operator.api.durations import Duration
+from boomerang.operator.api.fields import Model
+
+
+class BreakEvenBounds(Model):
+    """Bounds on the learned pull/recompute break-even, in tokens of verified history."""
+
+    min_tokens: int = Field(
+        0,
+        description="Never learn a break-even below this (kvTransfer.recomputeThreshold is "
+        "always a floor on top).",
+        ge=0,
+    )
+    max_tokens: int = Field(
+        1_000_000,
+        description="Never learn a break-even above this; at least minTokens.",
+        ge=0,
+    )
+
+
+class ContinueOnDecodeSpec(Model):
+    """The third path: a turn goes straight to the D that holds its history and computes the
+    new suffix there, with no P hop and no transfer, bounded by its cost to D's other streams."""
+
+    enabled: bool = Field(True, description="Let the router take the continue-on-decode path.")
+    max_suffix_tokens: int = Field(
+        1024, description="Hard bound: longer new suffixes never continue on D.", ge=1
+    )
+    itl_budget: Duration = Field(
+        "50ms",
+        description="Continue only while D's estimated inter-token-latency cost of computing "
+        "the suffix stays within this (positive).",
+    )
+
+
+class RetentionSpec(Model):
+    """How long the router keeps a conversation's blocks on D, learned from the gaps between
+    turns; kvTransfer.decoderBlocksTTL stays the ceiling."""
+
+    quantile_percent: int = Field(
+        90,
+        description="Keep a handle for this quantile of the learned gap between turns, in "
+        "percent (50 to 99).",
+        ge=50,
+        le=99,
+    )
+    minimum: Duration = Field(
+        "10s",
+        description="Never release earlier than this; positive and below "
+        "kvTransfer.decoderBlocksTTL.",
+    )
+    reuse_released: bool = Field(
+        True,
+        description="After releasing a conversation's blocks, keep its handle until the TTL "
+        "for continuing on the same decoder: D's prefix cache holds freed blocks until it "
+        "needs the room, and serves what it still has (never offered to prefill).",
+    )
+    max_client_ttl: Duration | None = Field(
+        None,
+        alias="maxClientTTL",
+        description="The longest retention a client's hint may ask for (Anthropic "
+        "cache_control ttl, OpenAI prompt_cache_retention), which replaces the learned one for "
+        "its conversation; longer hints are capped and logged, never refused. Unset or 0: "
+        "kvTransfer.decoderBlocksTTL. The router's conversation TTL still bounds every hint.",
+    )
+
+
+class TuningSpec(Model):
+    """How each turn picks its path (pull, recompute, continue on D) and how long D retains
+    blocks. The router reloads this while running: a change here restarts no pod."""
+
+    mode: Literal["Static", "Adaptive"] = Field(
+        "Adaptive",
+        description="Adaptive: the router learns the costs and the gaps between turns from its "
+        "own observations and decides per turn (pull, recompute, or continue on the decoder "
+        "that holds the history). Static: pull what P's own cache lacks when it reaches "
+        "recomputeThreshold, and keep blocks for the TTLs.",
+    )
+    break_even: BreakEvenBounds = Field(
+        default_factory=lambda: BreakEvenBounds(),
+        description="Bounds on the learned pull/recompute break-even (Adaptive).",
+    )
+    continue_on_decode: ContinueOnDecodeSpec = Field(
+        default_factory=lambda: ContinueOnDecodeSpec(),
+        description="The continue-on-decode path and its bounds (Adaptive).",
+    )
+    retention: RetentionSpec = Field(
+        default_factory=lambda: RetentionSpec(),
+        description="Learned retention of D's blocks (Adaptive).",
+    )
+    decode_memory_budget_percent: int = Field(
+        50,
+        description="Percent of D's KV blocks that retained conversations may hold (Adaptive); "
+        "beyond it the least likely to return are released first.",
+        ge=1,
+        le=100,
+    )
+
+
+class KVTransferSpec(Model):
+    """Bidirectional KV transfer: D keeps a turn's blocks so P can pull them next turn."""
+
+    # Bidirectional reuse exists only in NIXL; the enum is the rule, and a CEL rule tying
+    # `bidirectional` to the connector comes back when another connector is supported.
+    connector: Literal["NixlConnector"] = Field(
+        "NixlConnector", description="vLLM KV connector. Bidirectional reuse needs NIXL."
+    )
+    bidirectional: bool = Field(True, description="Let P pull D's blocks back (D->P READ).")
+    recompute_threshold: int = Field(
+        64, description="P recomputes when fewer tokens than this are reusable.", ge=0
+    )
+    decoder_blocks_ttl: Duration = Field(
+        "480s",
+        alias="decoderBlocksTTL",
+        description="How long D pins a finished request's blocks for the next turn.",
+    )
+    lease_duration: Duration = Field(
+        "30s", description="P's heartbeat-renewed lease on blocks D will pull."
+    )
+    backend: Literal["UCX", "LIBFABRIC"] | None = Field(
+        None, description="NIXL backend; default LIBFABRIC when EFA is requested, else UCX."
+    )
+    load_failure_policy: Literal["recompute", "fail"] = Field(
+        "recompute", description="What P does when a KV read fails: recompute, or fail the request."
+    )
+    tuning: TuningSpec = Field(
+        default_factory=lambda: TuningSpec(),
+        description="Per-turn path choice and learned retention (Static or Adaptive); "
+        "reloaded by the router while running, so a change restarts no pod.",
+    )
