@@ -131,8 +131,10 @@ bench-agents: dev engine
 	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench_agents $(ARGS)
 bench-paths: dev engine
 	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench_paths $(ARGS)
-# Boomerang's modes against plain vLLM P/D with prefix caching on, measured by vLLM's own
-# multi-turn client (fetched and cached at run time; connector/bench/bench_production.py).
+# Boomerang's default against stock vLLM P/D (vLLM's proxy, least load, affinity, decode-first),
+# prefix caching on, measured by vLLM's own multi-turn client (fetched at run time); engine sets
+# one after the other, every figure with its spread (connector/bench/bench_production.py).
+# ARGS="--sweep" adds the sweep's regimes, "--quick" is short, "--publish" writes README/docs.
 bench-production: dev engine
 	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench_production $(ARGS)
 # Offline: one agent run's gaps replayed under retention policies (no engine).

@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import json
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -409,7 +410,10 @@ def timing_for(s: Sitting, es: Engines, regime: Regime) -> dict[str, Any]:
         "decode_total_s": 10 * stall + 900,
     }
     s.log(f"  P: {cost.rate(1024):.0f} tokens/s at 1024; stall bound {stall:.1f} s")
-    return {"stall_bound_s": stall, "timeouts": timeouts, "client_timeout_s": 20 * stall + 900}
+    return {
+        "stall_bound_s": stall, "timeouts": timeouts, "client_timeout_s": 20 * stall + 900,
+        "p_tokens_per_s_at_1024": cost.rate(1024),
+    }  # fmt: skip
 
 
 def regime_runs(s: Sitting, regime: str) -> None:
@@ -421,6 +425,7 @@ def regime_runs(s: Sitting, regime: str) -> None:
         with engines(dd, s.venv, s.log, stock_engines=stock_set) as es:
             s.engine_sets.append({"regime": regime, "stock": stock_set, "engines": es.started})
             timing = timing_for(s, es, spec)
+            s.engine_sets[-1]["p_tokens_per_s_at_1024"] = timing["p_tokens_per_s_at_1024"]
             warm_up = next(m for m in names if MODES[m].router is not None)
             one_run(s, es, regime, warm_up, timing, record=False)
             for name in names:
@@ -436,6 +441,8 @@ def results(s: Sitting) -> dict[str, Any]:
             runs = [r for r in s.runs if r["regime"] == regime and r["mode"] == mode]
             modes[mode] = report.pooled(runs)
     return {
+        "date": time.strftime("%Y-%m-%d"),
+        "command": "make bench-production ARGS=" + json.dumps(" ".join(s.args.argv)),
         "machine": s.header,
         "client": f"vLLM {multiturn_client.VERSION} benchmarks/multi_turn",
         "workloads": {r: generator_config(REGIMES[r].workload) for r in pooled},
@@ -470,7 +477,12 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="spare, 8 conversations, 1 round")
     ap.add_argument("--out", type=Path, default=REPO / "connector" / "bench")
     ap.add_argument("--replot", action="store_true", help="tables and chart from OUT only")
+    ap.add_argument(
+        "--publish", action="store_true",
+        help="write the sitting into README.md's headline and docs/benchmarks.md",
+    )  # fmt: skip
     args = ap.parse_args()
+    args.argv = sys.argv[1:]
     if args.quick:
         args.regimes, args.conversations, args.rounds = "spare", 8, 1
     args.regimes = [r for r in args.regimes.split(",") if r]
@@ -504,6 +516,21 @@ def main() -> None:
             result_file.write_text(json.dumps(res, separators=(",", ":")))
     print_tables(res)
     report.chart(res["pooled"], args.out / "production.png")
+    if args.publish:
+        publish(res)
+
+
+def publish(res: dict[str, Any]) -> None:
+    """The README's headline table and docs/benchmarks.md's sitting, from the results."""
+    readme, docs = REPO / "README.md", REPO / "docs" / "benchmarks.md"
+    block = report.readme_block(res)
+    readme.write_text(
+        report.splice(readme.read_text(), "<!-- headline:start -->", "<!-- headline:end -->", block)
+    )
+    sitting = report.sitting_block(res)
+    docs.write_text(
+        report.splice(docs.read_text(), "<!-- sitting:start -->", "<!-- sitting:end -->", sitting)
+    )
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import textwrap
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from statistics import median
@@ -257,3 +258,52 @@ def chart(results: Mapping[str, Mapping[str, Mapping[str, Any]]], out: Path) -> 
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
+
+
+CAUSES_HINT = "Causes of each loss: docs/benchmarks.md, beside the sitting's tables."
+
+
+def sitting_block(res: Mapping[str, Any]) -> str:
+    """The sitting's tables for docs/benchmarks.md: the headline, then every regime's modes."""
+    lines = [
+        f"## Sitting: {res.get('date', '')}".rstrip(": "),
+        "",
+        f"`{res.get('command', 'make bench-production')}`; {res['machine']}; client: "
+        f"{res['client']}; {res['rounds']} round(s). Medians over the rounds, (min-max) beside.",
+        "",
+        f"`{res['default_mode']}` (the default) against the strongest baseline, figure by figure "
+        "(bold: the target missed):",
+        "",
+        headline(res["pooled"], res["default_mode"], res["baselines"]),
+        "",
+    ]
+    for regime, modes in res["pooled"].items():
+        lines += [table(regime, modes), ""]
+    return "\n".join(lines)
+
+
+def readme_block(res: Mapping[str, Any]) -> str:
+    """The README's headline: one row per regime, each figure's ratio to its strongest
+    baseline."""
+    prose = textwrap.fill(
+        f"Measured by vLLM's own multi-turn benchmark client ({res['client']}, fetched at run "
+        "time) on real vLLM CPU engines (tiny model, 2 cores). Baselines: **stock vLLM** "
+        "engines (none of Boomerang's code inside) with prefix caching on, routed by vLLM's "
+        "own P/D proxy, least load, conversation affinity with KV-event routing, and "
+        "decode-first (llm-d's, Dynamo's and SGLang's policy; thresholds 16/128/512). "
+        f"Boomerang runs its default configuration. Each cell: the default mode's median "
+        f"over {res['rounds']} round(s) divided by the strongest baseline's for that figure "
+        "(lower is better; bold: a target missed):",
+        width=96,
+    )
+    table_ = headline(res["pooled"], res["default_mode"], res["baselines"])
+    return "\n".join([prose, "", table_, "", CAUSES_HINT])
+
+
+def splice(text: str, start: str, end: str, block: str) -> str:
+    """`text` with what lies between the `start` and `end` markers replaced by `block`."""
+    head, _, rest = text.partition(start)
+    _, found, tail = rest.partition(end)
+    if not found:
+        raise ValueError(f"markers {start} ... {end} not found")
+    return f"{head}{start}\n{block}\n{end}{tail}"

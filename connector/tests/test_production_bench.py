@@ -134,3 +134,12 @@ def test_each_figure_is_compared_with_its_strongest_baseline() -> None:
     assert report.met("lost turns", r["lost turns"]) is False  # one lost turn fails
     line = report.headline({"spare": modes}, "mine", ["a", "b"])
     assert "**1.50x vs a**" in line and "0.50x vs b" in line and "**1 (best baseline 0)**" in line
+
+
+def test_publishing_replaces_only_what_lies_between_the_markers() -> None:
+    text = "top\n<!-- a -->\nold\nrows\n<!-- b -->\nbottom\n"
+    assert report.splice(text, "<!-- a -->", "<!-- b -->", "new") == (
+        "top\n<!-- a -->\nnew\n<!-- b -->\nbottom\n"
+    )
+    with pytest.raises(ValueError, match="not found"):
+        report.splice("no markers", "<!-- a -->", "<!-- b -->", "new")
