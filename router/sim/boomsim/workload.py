@@ -44,6 +44,9 @@ class Shape:
     log_user: bool = False
     """Draw user turns log-uniformly (tool results)."""
     think_s: tuple[float, float] = (0.0, 0.0)
+    max_len: int = 32_768
+    """The engines' max model length (the published runs' `--max-model-len`): a conversation
+    ends before the turn whose prompt and answer would exceed it, as a client must."""
 
 
 MULTI_TURN = Shape()
@@ -71,7 +74,10 @@ def conversation(rng: random.Random, shape: Shape) -> Turns:
             )
             prompt += out[-1][1] + user
         think = rng.uniform(*shape.think_s) if k else 0.0
-        out.append((prompt, rng.randint(*shape.answer), think))
+        answer = rng.randint(*shape.answer)
+        if prompt + answer > shape.max_len:
+            break
+        out.append((prompt, answer, think))
     return out
 
 
@@ -157,7 +163,12 @@ class OpenLoop:
 
 
 def stream(shape: Shape, n: int, seed: int) -> Iterator[Turns]:
-    """`n` conversations of `shape`, drawn lazily from one seeded generator."""
+    """`n` conversations of `shape`, drawn lazily from one seeded generator (a conversation
+    whose first prompt alone exceeds `max_len` is drawn again)."""
     rng = random.Random(seed)
-    for _ in range(n):
-        yield conversation(rng, shape)
+    made = 0
+    while made < n:
+        turns = conversation(rng, shape)
+        if turns:
+            made += 1
+            yield turns
