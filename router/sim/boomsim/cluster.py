@@ -59,7 +59,7 @@ class Cluster:
 
     def __init__(self, loop: Loop, profile: Profile, topo: Topology, settings: Settings) -> None:
         self.loop, self.p, self.s = loop, profile, settings
-        self.planner = Planner(settings)
+        self.planner = Planner(settings, profile)
         self.metrics = Metrics()
         bidir = settings.bidirectional
         self.prefill = [
@@ -122,7 +122,7 @@ class Cluster:
             prompt_tokens=prompt,
             reusable_tokens=reusable,
             pullable=pullable,
-            holder_continues=holder is not None and self.s.policy == "adaptive",
+            holder_continues=holder is not None and self.s.adaptive,
             p_cached_tokens=p.cached_tokens(conv, prompt),
             d_held_tokens=holder.cached_tokens(conv, prompt) if holder is not None else None,
         )

@@ -75,8 +75,15 @@ class BlockPool:
         return True
 
     def _room(self, need: int, yield_leases: Callable[[int], None] | None) -> bool:
-        if need - self.free > self.evictable() and yield_leases is not None:
-            yield_leases(need - self.free - self.evictable())
+        """Evict cached blocks, least recently used first; when that is short, ask leases to
+        yield the rest (they become cached) and evict again."""
+        self._evict(need)
+        if self.free < need and yield_leases is not None:
+            yield_leases(need - self.free)
+            self._evict(need)
+        return self.free >= need
+
+    def _evict(self, need: int) -> None:
         lru, items = self.lru, self.items
         while self.free < need and lru:
             conv = next(iter(lru))
@@ -88,7 +95,6 @@ class BlockPool:
             if item[0] == 0:
                 del lru[conv]
                 del items[conv]
-        return self.free >= need
 
     def release(self, conv: int, keep: int, *, pin: bool = False) -> None:
         """The request of `conv` finished: keep `keep` whole blocks (cached, or pinned for a

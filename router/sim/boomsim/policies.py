@@ -16,6 +16,9 @@ tokens; whether D still holds the lease). The policies:
 - `static`, `adaptive`: Boomerang (bidirectional transfer on): `plan.static_plan` and
   `plan.adaptive_plan` with the router's own `CostModel`, learning online from the simulated
   legs' times exactly as the router learns from measured ones, and `Tuning`'s defaults.
+- `adaptive-priors`: a what-if, not a router setting today: adaptive whose cost model starts
+  from priors read off the engines' profile (`profile_priors`) instead of `DEFAULT_PRIORS`
+  (which are CPU-sized and keep the continue path to suffixes of about 30 tokens).
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ from dataclasses import dataclass
 
 from boomerang.connector.config import default_handle_ttl
 from boomerang.router.config import Tuning
-from boomerang.router.costmodel import Bounds, CostModel, Path
+from boomerang.router.costmodel import Bounds, Coefficients, CostModel, Path
 from boomerang.router.plan import Facts, Plan, adaptive_plan, static_plan
 from boomerang.router.retention import GapLearner, RetentionBounds, retention_s
+from boomsim.profiles import Profile
 
-POLICIES = ("plain", "affinity", "decode-first", "static", "adaptive")
-BIDIRECTIONAL = frozenset({"static", "adaptive"})
+POLICIES = ("plain", "affinity", "decode-first", "static", "adaptive", "adaptive-priors")
+BIDIRECTIONAL = frozenset({"static", "adaptive", "adaptive-priors"})
 LEASE_REFRESH_S = 1.0
 """How often (simulated seconds) the adaptive retention's quantile is recomputed."""
 
@@ -56,6 +60,10 @@ class Settings:
         return self.policy in BIDIRECTIONAL
 
     @property
+    def adaptive(self) -> bool:
+        return self.policy.startswith("adaptive")
+
+    @property
     def handle_ttl_s(self) -> float:
         return default_handle_ttl(self.decoder_ttl_s)
 
@@ -63,7 +71,7 @@ class Settings:
 class Planner:
     """One router's plan state: the cost model it learns and the gaps it learns."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, profile: Profile | None = None) -> None:
         self.s = settings
         t = Tuning()
         budget = settings.itl_budget_s if settings.itl_budget_s is not None else t.itl_budget_s
@@ -75,8 +83,11 @@ class Planner:
             continue_max_suffix_tokens=t.continue_max_suffix_tokens,
             itl_budget_s=budget,
         )
-        self.model = CostModel()
-        self.gaps = GapLearner() if settings.policy == "adaptive" else None
+        priors = None
+        if settings.policy == "adaptive-priors" and profile is not None:
+            priors = profile_priors(profile)
+        self.model = CostModel(priors)
+        self.gaps = GapLearner() if settings.adaptive else None
         self.retention = RetentionBounds(
             t.retention_quantile, t.retention_min_s, settings.handle_ttl_s
         )
@@ -84,7 +95,7 @@ class Planner:
 
     def plan(self, facts: Facts) -> Plan:
         """The router's plan for a verified turn (Boomerang's modes)."""
-        if self.s.policy == "adaptive":
+        if self.s.adaptive:
             return adaptive_plan(facts, self.model, self.bounds)
         return static_plan(facts, self.s.recompute_threshold)
 
@@ -103,6 +114,24 @@ class Planner:
     def observe_gap(self, gap_s: float, now: float) -> None:
         if self.gaps is not None:
             self.gaps.observe(None, gap_s, now)
+
+
+def profile_priors(p: Profile) -> Coefficients:
+    """The cost model's coefficients as the profile says each leg costs, at a 2k-token prompt:
+    what an operator who knows the hardware would start from."""
+    per_token = p.prefill_s(2048, 0) / 2048
+    xfer = p.kv_bytes_per_token / p.xfer_bytes_per_s
+    first = p.request_overhead_s + p.step_fixed_s
+    return Coefficients(
+        p_fixed_s=first,
+        p_compute_s_per_token=per_token,
+        p_pull_fixed_s=p.xfer_latency_s + p.pull_fixed_s,
+        p_pull_s_per_token=xfer + p.pull_s_per_token,
+        d_first_fixed_s=p.xfer_latency_s + p.step_fixed_s,
+        d_first_s_per_token=xfer,
+        d_fixed_s=first,
+        d_compute_s_per_token=per_token,
+    )
 
 
 def decode_first_alone(uncached: int, threshold: int) -> bool:
