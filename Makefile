@@ -74,9 +74,10 @@ lint: dev
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 
-# mypy finds `boomerang.*` under each part's src/ (pyproject's mypy_path).
+# mypy finds `boomerang.*` under each part's src/ and the simulator `boomsim` under router/sim
+# (pyproject's mypy_path).
 types: dev
-	$(VENV)/bin/mypy -p boomerang.operator -p boomerang.router -p boomerang.connector -p boomerang.local
+	$(VENV)/bin/mypy -p boomerang.operator -p boomerang.router -p boomerang.connector -p boomerang.local -p boomsim
 
 unit: dev
 	$(PY) -m pytest -m 'not cluster and not engine and not node and not wheels' $(PYTEST_ARGS)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +15,7 @@ from boomsim.cluster import Cluster, Topology
 from boomsim.loop import Loop
 from boomsim.policies import Settings
 from boomsim.profiles import Profile
-from boomsim.workload import ClosedLoop, OpenLoop, Turns
+from boomsim.workload import ClosedLoop, OpenLoop, Send, Turns
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,10 @@ def run(
     return Result(cluster.metrics.summary(), wall, loop.events, engines)
 
 
-def _send(cluster: Cluster):  # type: ignore[no-untyped-def]
-    def send(conv: int, index: int, prompt: int, answer: int, done: Any) -> None:
+def _send(cluster: Cluster) -> Send:
+    def send(
+        conv: int, index: int, prompt: int, answer: int, done: Callable[[float], None]
+    ) -> None:
         cluster.metrics.started(cluster.loop.now)
         cluster.turn(conv, index, prompt, answer, done)
 
