@@ -97,3 +97,16 @@ def test_plain_without_p_cache_recomputes_every_prompt_on_p() -> None:
     convs = list(stream(MULTI_TURN, 12, 5))
     r = run(SMALL, Topology(1, 1, p_caching=False), Settings("plain"), iter(convs), Load(4, 4))
     assert r.engines["p0"]["computed"] == sum(p for turns in convs for p, _, _ in turns)
+
+
+@pytest.mark.parametrize(
+    "think_s, path, end", [(10.0, "pull", "read"), (600.0, "recompute", "expired")]
+)
+def test_a_lease_serves_a_pull_until_ds_ttl_ends_it(think_s: float, path: str, end: str) -> None:
+    conv = [(3000, 100, 0.0), (3200, 100, think_s)]
+    topo = Topology(1, 1, p_caching=False)
+    r = run(SMALL, topo, Settings("static"), iter([conv]), Load(rate=1.0), check=True)
+    expected = {"pull": 1, "recompute": 1} if path == "pull" else {"recompute": 2}
+    assert r.summary["paths"] == expected
+    assert r.engines["d0"]["lease_ends"].get(end, 0) >= 1
+    assert r.engines["p0"]["loaded"] == (3099 if path == "pull" else 0)
