@@ -1,35 +1,31 @@
 """Boomerang against the production baseline, measured by vLLM's own multi-turn client.
 
-Why: a user compares Boomerang with what they would run without it: plain vLLM P/D with a good
-router and prefix caching on, on the same engines and the same conversations. This benchmark
-runs exactly that comparison on the local CPU stack, with a client nobody here wrote (vLLM's
-`benchmarks/multi_turn`, fetched at run time: `multiturn_client.py`), and prints one table per
-regime.
+Why: a user compares Boomerang with what they would run without it: stock vLLM P/D with prefix
+caching on, routed by vLLM's own proxy or by the policies peers ship (decode-first included),
+on the same engines and the same conversations. This benchmark runs exactly that comparison on
+the local CPU stack, with a client nobody here wrote (vLLM's `benchmarks/multi_turn`, fetched
+at run time: `multiturn_client.py`), and prints every figure a user weighs: first-turn and
+follow-up TTFT, TPOT, wall time and lost turns, with their spread over the rounds.
 
-Modes (router and engine settings; everything else is `examples/local-cpu.yaml` with P's prefix
-cache on):
-- `plain`: bidirectional transfer off on the engines, the router routing by least load;
-- `affinity`: the same, with conversation affinity for P and D and routing by the engines' KV
-  events (what llm-d and Dynamo do);
-- `static`, `adaptive`: Boomerang (bidirectional on) in each tuning mode.
-Regimes: `spare` (KV to spare), `pressure` (both engines at `PRESSURE_BLOCKS` blocks, so that
-retained and active work exceed them), `2p1d` and `2p2d` (two prefill engines, one or two
-decoders).
+What runs (`production_modes.py`): the baselines on stock vLLM engines (`stock.py`: none of
+Boomerang's code inside, nothing polls them but `/metrics`), Boomerang's modes on its own
+engines, Adaptive exactly as the API defaults it.
 
-Method, per regime: the two engine sets (bidirectional off and on) run side by side when they
-fit (1P1D: four engines), and every mode's runs alternate ABBA over `--rounds` in one window;
-else the sets alternate (off, on, off) with the modes ABBA within each. Every run gets a fresh
-router, its own text (so no run's prompts hit another's prefix cache) and the same
-conversation shapes (the client's seeded generator); between runs D's retained leases are
-released (`POST /yield`). Per run: TTFT of first turns and follow-ups (p50/p90/p99),
-end-to-end latency, wall time, turns/s, stalled turns (TTFT over a bound several times the
-longest prompt's measured prefill), tokens computed, cached and pulled on P and D (the
-engines' own `prompt_tokens_by_source`), and D's retained block-seconds (its lease API,
-sampled every second). Router timeouts sit ten times above the
+Method, per regime: the engine sets run one after the other, never side by side on shared
+cores (stock, Boomerang, stock: `production_modes.order`), modes ABBA within a set, a warm-up
+run on every fresh set. Before every run each engine must be idle by its own metrics (nothing
+running or waiting, no KV block in use, D retaining nothing: `engine_watch.py`) or the sitting
+stops. Every run gets a fresh router (or proxy), its own text (so no run's prompts hit another's
+prefix cache) and the same conversation shapes (the client's seeded generator, run once up
+front so that every turn the client should send is known: one it never recorded is *lost*).
+Per run: the client's per-request records, each engine's CPU seconds, P's and D's tokens
+computed, cached and pulled (the engines' own `prompt_tokens_by_source`), D's retained
+block-seconds (Boomerang's engines: their lease API). Router timeouts sit ten times above the
 stall bound, so that none can hide a stall.
 
-    make bench-production                      # every regime, 2 rounds (about an hour)
-    make bench-production ARGS="--quick"       # spare and pressure, 8 conversations, 1 round
+    make bench-production                        # spare, pressure, 2p1d; every mode, 5 rounds
+    make bench-production ARGS="--sweep"         # and the sweep's regimes (over an hour)
+    make bench-production ARGS="--quick"         # spare, 8 conversations, 1 round
 """
 
 from __future__ import annotations
@@ -43,16 +39,27 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import engine_watch
 import machine
 import multiturn_client
 import production_report as report
+import stock
 import yaml
-from bench_paths import ITL_BUDGET_S
 from bench_ttft import REPO
+from production_modes import (
+    BASELINES,
+    DEFAULT_MODE,
+    MODES,
+    REGIMES,
+    Regime,
+    generator_config,
+    longest_prompt,
+    order,
+)
 
 from boomerang.connector.config import LEASE_PATH
 from boomerang.connector.model import corpus, model_dir
@@ -60,67 +67,11 @@ from boomerang.local import calibrate, placement, processes, stack
 from boomerang.local.engine_client import scrape, totals
 
 BY_SOURCE = "vllm:prompt_tokens_by_source_total"
-PRESSURE_BLOCKS = 200
-"""Both engines' KV in the pressure regime (25,600 tokens at 128-token blocks): 8 concurrent
-conversations of 2-5k tokens plus what D retains exceed it."""
-BASELINES = ("plain", "affinity")
-
-
-@dataclass(frozen=True)
-class Mode:
-    bidirectional: bool
-    router: dict[str, Any]
-
-
-MODES: dict[str, Mode] = {
-    "plain": Mode(
-        False, {"bidirectional": False, "affinity": False, "kv_events": {"enabled": False}}
-    ),
-    "affinity": Mode(False, {"bidirectional": False, "affinity": True}),
-    "static": Mode(True, {"tuning": {"mode": "static"}}),
-    "adaptive": Mode(True, {"tuning": {"mode": "adaptive", "itl_budget_s": ITL_BUDGET_S}}),
-}
-
-
-@dataclass(frozen=True)
-class Regime:
-    prefill: int = 1
-    decode: int = 1
-    blocks: int | None = None
-
-
-REGIMES: dict[str, Regime] = {
-    "spare": Regime(),
-    "pressure": Regime(blocks=PRESSURE_BLOCKS),
-    "2p1d": Regime(prefill=2),
-    "2p2d": Regime(prefill=2, decode=2),
-}
-"""`2p2d` needs three cores (a decoder spins on its core while it retains blocks, so each gets
-its own: `boomerang.local.placement`); on two cores the local runtime refuses it."""
-
-
-def conversations(n: int) -> dict[str, Any]:
-    """The client's generator config: n conversations of 4-6 user turns, 1.5-3k-token first
-    prompts, 20-200-token user turns, 32-96-token answers."""
-    uniform = lambda lo, hi: {"distribution": "uniform", "min": lo, "max": hi}  # noqa: E731
-    return {
-        "filetype": "generate_conversations",
-        "num_conversations": n,
-        "text_files": ["text.txt"],
-        "print_stats": False,
-        "prompt_input": {
-            "num_turns": uniform(8, 12),
-            "common_prefix_num_tokens": {"distribution": "constant", "value": 0},
-            "prefix_num_tokens": uniform(1500, 3000),
-            "num_tokens": uniform(20, 200),
-        },
-        "prompt_output": {"num_tokens": uniform(32, 96)},
-    }
 
 
 def manifest(regime: Regime, bidirectional: bool) -> Any:
-    """examples/local-cpu.yaml with P's prefix cache on, the regime's replicas and KV size, the
-    mode's transfer direction."""
+    """examples/local-cpu.yaml with P's prefix cache on, the regime's replicas and KV sizes,
+    the transfer direction of the engine set."""
     from boomerang.operator.api import DisaggregatedDeployment
 
     data = yaml.safe_load((REPO / "examples" / "local-cpu.yaml").read_text())
@@ -128,9 +79,10 @@ def manifest(regime: Regime, bidirectional: bool) -> Any:
     spec["prefill"]["prefixCaching"] = True
     spec["prefill"]["replicas"], spec["decode"]["replicas"] = regime.prefill, regime.decode
     spec["kvTransfer"]["bidirectional"] = bidirectional
-    if regime.blocks is not None:
-        spec["model"]["maxModelLen"] = 8192
-        spec["engine"]["extraArgs"] += ["--num-gpu-blocks-override", str(regime.blocks)]
+    spec["model"]["maxModelLen"] = regime.max_model_len
+    for role, blocks in (("prefill", regime.p_blocks), ("decode", regime.d_blocks)):
+        if blocks is not None:
+            spec[role]["extraArgs"] = ["--num-gpu-blocks-override", str(blocks)]
     return DisaggregatedDeployment.model_validate(data)
 
 
@@ -142,79 +94,79 @@ PORTS = stack.LocalPorts(
     decode_side_channel=35700,
 )
 """The benchmark's own ports (replica i of a role adds i): apart from `boomerang up`'s."""
-PORTS_B = stack.LocalPorts(**{f.name: getattr(PORTS, f.name) + 10_000 for f in fields(PORTS)})
-"""A second engine set beside the first, every port 10,000 higher (its events and replay ports
-too stay apart)."""
-SIDE_BY_SIDE_ENGINES = 4
-"""Both engine sets of a regime run at once when they have this many engines in all (1P1D
-twice): the runs of every mode then alternate in one window, with no drift of the host's
-speed between the sets (measured: up to 5x on follow-up TTFT between two sets in a row)."""
 
 
 @dataclass
 class Engines:
-    """One engine set: P and D urls, the processes, the lease token."""
+    """One engine set: P and D urls, the processes (name -> pid, each a process group), the
+    lease token (Boomerang's engines only), whether they are stock vLLM."""
 
     dd: Any
     run_dir: Path
     ports: stack.LocalPorts = PORTS
+    stock: bool = False
     prefill: list[str] = field(default_factory=list)
     decode: list[str] = field(default_factory=list)
-    pids: list[int] = field(default_factory=list)
+    pids: dict[str, int] = field(default_factory=dict)
+    started: list[dict[str, Any]] = field(default_factory=list)
+    """How each engine was started (command, VLLM_PLUGINS), for the record."""
 
     @property
     def token(self) -> str:
         return stack.read_lease_token(self.run_dir)
 
+    @property
+    def urls(self) -> list[str]:
+        return [*self.prefill, *self.decode]
+
 
 @contextlib.contextmanager
 def engines(
-    dd: Any, venv: Path, log: Any = print, ports: stack.LocalPorts = PORTS
+    dd: Any,
+    venv: Path,
+    log: Any = print,
+    ports: stack.LocalPorts = PORTS,
+    stock_engines: bool = False,
 ) -> Iterator[Engines]:
     """Every engine replica `dd` asks for, placed as `boomerang up` places them (ports and a
-    core per replica, `boomerang.local.placement`), lease API on; stopped on exit."""
+    core per replica, `boomerang.local.placement`): Boomerang's engines with their lease API
+    on, or (`stock_engines`) stock vLLM engines with the same arguments (`stock.py`)."""
     run_dir = Path(tempfile.mkdtemp(prefix="boomerang-bench-production-"))
     env = dict(os.environ)
     stack.build_model(venv, dd.spec.model.source, env)
-    token = stack.read_lease_token(run_dir)
-    es = Engines(dd, run_dir, ports=ports)
+    token = None if stock_engines else stack.read_lease_token(run_dir)
+    es = Engines(dd, run_dir, ports=ports, stock=stock_engines)
     replicas = placement.plan(stack.replica_counts(dd), ports, sorted(os.sched_getaffinity(0)))
-    specs = [
-        stack.engine_spec(
-            dd,
-            r.role,
-            engine_venv=venv,
-            ports=ports,
-            run_dir=run_dir,
-            base_env=env,
-            lease_token=token,
-            index=r.index,
-            cpu=r.cpu,
-        )
-        for r in replicas
-    ]
+    specs = []
     for r in replicas:
+        spec = stack.engine_spec(
+            dd, r.role, engine_venv=venv, ports=ports, run_dir=run_dir, base_env=env,
+            lease_token=token, index=r.index, cpu=r.cpu,
+        )  # fmt: skip
+        if stock_engines:
+            spec = stock.stock_spec(spec, venv, r.cpu, run_dir)
+        specs.append(spec)
+        es.started.append(stock.describe(spec))
         (es.prefill if r.role == "prefill" else es.decode).append(r.url)
-    log(f"starting {len(specs)} engines, logs in {run_dir}")
+    kind = "stock vLLM" if stock_engines else "Boomerang"
+    log(f"starting {len(specs)} {kind} engines, logs in {run_dir}")
     try:
         for spec in specs:
-            es.pids.append(processes.spawn(spec).pid)
-        for spec, pid in zip(specs, es.pids, strict=True):
-            processes.wait_healthy(spec, pid, 900)
+            es.pids[spec.name] = processes.spawn(spec).pid
+        for spec in specs:
+            processes.wait_healthy(spec, es.pids[spec.name], 900)
         yield es
     finally:
-        for pid in reversed(es.pids):
+        for pid in reversed(es.pids.values()):
             processes.stop(pid, timeout=30)
 
 
 def router_config(es: Engines, overrides: dict[str, Any], port: int) -> Any:
+    """The router's configuration for the engine set (no lease token for stock engines: they
+    have no lease API, and nothing but their metrics is polled)."""
+    token = {} if es.stock else {"lease_token_file": str(stack.lease_token_file(es.run_dir))}
     return stack.router_settings(
-        es.dd,
-        es.ports,
-        listen_port=port,
-        lease_token_file=str(stack.lease_token_file(es.run_dir)),
-        log_json=True,
-        **overrides,
+        es.dd, es.ports, listen_port=port, log_json=True, **token, **overrides
     )
 
 
@@ -314,6 +266,33 @@ def router_counts(url: str) -> dict[str, dict[str, float]]:
     }
 
 
+@contextlib.contextmanager
+def vllm_proxy(s: Sitting, es: Engines, port: int = 38080) -> Iterator[str]:
+    """vLLM's own toy P/D proxy over the engine set (`stock.proxy_spec`)."""
+    spec = stock.proxy_spec(
+        s.client.proxy, s.client.python, port, es.prefill, es.decode,
+        es.run_dir / "vllm-proxy.log",
+    )  # fmt: skip
+    pid = processes.spawn(spec).pid
+    try:
+        processes.wait_healthy(spec, pid, 60)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        processes.stop(pid, timeout=30)
+
+
+@contextlib.contextmanager
+def front(s: Sitting, es: Engines, regime: str, name: str, timing: dict[str, Any]) -> Iterator[str]:
+    """What the client talks to in mode `name`: a fresh router, or vLLM's proxy."""
+    overrides = MODES[name].router
+    if overrides is None:
+        with vllm_proxy(s, es) as url:
+            yield url
+        return
+    with router(es, f"{regime}-{name}", {**overrides, "timeouts": timing["timeouts"]}) as url:
+        yield url
+
+
 @dataclass
 class Sitting:
     """What every run of one sitting shares."""
@@ -324,6 +303,7 @@ class Sitting:
     out: Path
     header: str = ""
     runs: list[dict[str, Any]] = field(default_factory=list)
+    engine_sets: list[dict[str, Any]] = field(default_factory=list)
     serial: int = 0
 
     def log(self, message: str) -> None:
@@ -333,10 +313,16 @@ class Sitting:
 WARM_UP_CONVERSATIONS = 8
 
 
-def warm_up(s: Sitting, es: Engines, regime: str, name: str, timing: dict[str, Any]) -> None:
-    """A short run, not recorded, on engines just started: the first requests of a fresh CPU
-    engine are slower (its kernels meet each new shape once), which would fall on one mode."""
-    one_run(s, es, regime, name, timing, record=False)
+def before_run(s: Sitting, es: Engines) -> dict[str, Any]:
+    """Nothing left of the last run: D releases what it retains (Boomerang's engines), then
+    every engine must be idle by its own metrics (`engine_watch.NotIdle` otherwise); returns
+    their CPU use while idle (cores) for the record."""
+    if not es.stock:
+        release_retained(es)
+        if (left := retained_blocks(es)) > 0:
+            raise engine_watch.NotIdle(f"D still retains {left:.0f} blocks")
+    engine_watch.wait_idle(es.urls)
+    return engine_watch.idle_cpu(es.pids, seconds=s.args.idle_probe_s)
 
 
 def one_run(
@@ -349,77 +335,73 @@ def one_run(
 ) -> None:
     """One mode on running engines: fresh router, fresh text, the client, the counters."""
     s.serial += 1
-    n = s.args.conversations if record else WARM_UP_CONVERSATIONS
+    spec = REGIMES[regime]
+    workload = spec.workload
+    n = workload.conversations if record else WARM_UP_CONVERSATIONS
+    if s.args.conversations:
+        n = min(n, s.args.conversations) if not record else s.args.conversations
     work = s.out / "runs" / f"{s.serial:02d}-{regime}-{name}{'' if record else '-warm-up'}"
     work.mkdir(parents=True, exist_ok=True)
-    lines = corpus(seed=1000 + s.serial, lines=6000)
-    (work / "text.txt").write_text("\n".join(lines) + "\n")
-    release_retained(es)
-    overrides = {**MODES[name].router, "timeouts": timing["timeouts"]}
-    with router(es, f"{regime}-{name}", overrides) as url:
+    (work / "text.txt").write_text("\n".join(corpus(seed=1000 + s.serial, lines=6000)) + "\n")
+    config = generator_config(workload)
+    config["num_conversations"] = n
+    conversations = multiturn_client.generate(
+        s.client, config=config, model_dir=model_dir("tiny"), seed=s.args.seed,
+        prefix=f"r{s.serial:02d}-", workdir=work,
+    )  # fmt: skip
+    expected = multiturn_client.expected_turns(conversations)
+    idle = before_run(s, es)
+    with front(s, es, regime, name, timing) as url:
         before = {"p": token_sources(es.prefill), "d": token_sources(es.decode)}
-        sampler = Sampler(es)
-        sampler.start()
-        t0 = time.perf_counter()
+        cpu_before = engine_watch.cpu_seconds(es.pids)
+        sampler = Sampler(es) if not es.stock else None
+        if sampler is not None:
+            sampler.start()
         try:
             records = multiturn_client.run(
-                s.client,
-                url=url,
-                model_dir=model_dir("tiny"),
-                served_name=es.dd.spec.model.served_name,
-                config=conversations(n),
-                clients=s.args.clients,
-                seed=s.args.seed,
-                workdir=work,
+                s.client, url=url, model_dir=model_dir("tiny"),
+                served_name=es.dd.spec.model.served_name, config=conversations,
+                clients=min(workload.clients, n), seed=s.args.seed, workdir=work,
                 timeout_s=timing["client_timeout_s"],
-            )
+            )  # fmt: skip
         finally:
-            sampler.halt.set()
-            sampler.join()
-        ran = time.perf_counter() - t0
+            if sampler is not None:
+                sampler.halt.set()
+                sampler.join()
+        cpu = engine_watch.spent(cpu_before, engine_watch.cpu_seconds(es.pids))
         after = {"p": token_sources(es.prefill), "d": token_sources(es.decode)}
-        counts = router_counts(url)
+        counts = router_counts(url) if MODES[name].router is not None else {}
     if not record:
         return
+    by_role = {r: sum(v for k, v in cpu.items() if k.startswith(r)) for r in ("prefill", "decode")}
     run = {
         "regime": regime,
         "mode": name,
         "serial": s.serial,
-        "client_s": ran,
-        "summary": report.summarize(records, timing["stall_bound_s"]),
+        "summary": report.summarize(records, timing["stall_bound_s"], expected),
         "tokens": {r: moved(before[r], after[r]) for r in ("p", "d")},
-        "retained_block_s": report.block_seconds(sampler.points),
+        "cpu_s": by_role,
+        "cpu_s_by_engine": cpu,
+        "idle_cores_before": idle,
+        "retained_block_s": report.block_seconds(sampler.points) if sampler else 0.0,
         "router": counts,
         "records": records,
     }
     s.runs.append(run)
-    f = run["summary"]["followup_ttft_s"]
+    f, sm = run["summary"]["followup_ttft_s"], run["summary"]
     s.log(
-        f"  {regime} {name}: follow-up TTFT p50 {f['p50']:.3f} s p99 {f['p99']:.3f} s, "
-        f"wall {run['summary']['wall_s']:.0f} s, stalled {run['summary']['stalled']}"
+        f"  {regime} {name}: first p50 {report.fmt_s(sm['first_ttft_s']['p50'])}, follow-up p50 "
+        f"{report.fmt_s(f['p50'])} p99 {report.fmt_s(f['p99'])}, TPOT p50 "
+        f"{report.fmt_s(sm['tpot_s']['p50'])}, wall {sm['wall_s']:.0f} s, lost {sm['lost']}, "
+        f"CPU s P {by_role['prefill']:.0f} D {by_role['decode']:.0f}"
     )
-
-
-def abba(modes: Sequence[str], rounds: int) -> list[list[str]]:
-    """One list of `modes` per round, reversed every other round (A B, B A, A B, ...)."""
-    return [list(modes) if r % 2 == 0 else list(modes)[::-1] for r in range(rounds)]
-
-
-def order(modes: Sequence[str], rounds: int) -> list[list[str]]:
-    """Engine sets in ABA order (bidirectional off, on, off), modes ABBA within a set type."""
-    seq_off = abba([m for m in modes if not MODES[m].bidirectional], rounds)
-    seq_on = abba([m for m in modes if MODES[m].bidirectional], rounds)
-    first_off = [m for r in seq_off[: (rounds + 1) // 2] for m in r]
-    last_off = [m for r in seq_off[(rounds + 1) // 2 :] for m in r]
-    sets = [first_off, [m for r in seq_on for m in r], last_off]
-    return [s for s in sets if s]
 
 
 def timing_for(s: Sitting, es: Engines, regime: Regime) -> dict[str, Any]:
     cost = calibrate.measure(es.prefill[0], es.dd.spec.model.served_name)
-    longest = 6000  # 3k first prompt + five 200-token turns + five 96-token answers, rounded up
-    # A stall waits for memory: until a timeout or D's TTL (minutes). On two cores with three
-    # engines and eight clients, queueing alone reaches 15 s, so the bound sits above it.
+    longest = longest_prompt(regime.workload)
+    # A stall waits for memory: until a timeout or D's TTL (minutes). On two cores eight
+    # clients' queueing alone reaches 15 s, so the bound sits above it.
     stall = max(30.0, 8 * cost.seconds(longest))
     timeouts = {
         "prefill_s": 10 * stall,
@@ -431,34 +413,18 @@ def timing_for(s: Sitting, es: Engines, regime: Regime) -> dict[str, Any]:
 
 
 def regime_runs(s: Sitting, regime: str) -> None:
+    """The regime's engine sets one after the other (never side by side), modes ABBA."""
     spec = REGIMES[regime]
-    modes = s.args.modes
-    both = {MODES[m].bidirectional for m in modes} == {True, False}
-    if both and 2 * (spec.prefill + spec.decode) <= SIDE_BY_SIDE_ENGINES:
-        side_by_side(s, regime, spec)
-        return
-    for names in order(modes, s.args.rounds):
-        dd = manifest(spec, MODES[names[0]].bidirectional)
-        with engines(dd, s.venv, s.log) as es:
+    for names in order(list(s.args.modes), s.args.rounds):
+        stock_set = MODES[names[0]].engines == "stock"
+        dd = manifest(spec, bidirectional=not stock_set)
+        with engines(dd, s.venv, s.log, stock_engines=stock_set) as es:
+            s.engine_sets.append({"regime": regime, "stock": stock_set, "engines": es.started})
             timing = timing_for(s, es, spec)
-            warm_up(s, es, regime, names[0], timing)
+            warm_up = next(m for m in names if MODES[m].router is not None)
+            one_run(s, es, regime, warm_up, timing, record=False)
             for name in names:
                 one_run(s, es, regime, name, timing)
-
-
-def side_by_side(s: Sitting, regime: str, spec: Regime) -> None:
-    """Both engine sets at once; every mode's runs alternate ABBA over the rounds. Between runs
-    D releases what it retained (`one_run`), so the set not in use sits idle."""
-    off, on = manifest(spec, False), manifest(spec, True)
-    with engines(off, s.venv, s.log) as e_off, engines(on, s.venv, s.log, PORTS_B) as e_on:
-        timing = timing_for(s, e_on, spec)
-        modes = list(s.args.modes)
-        for es, bidirectional in ((e_off, False), (e_on, True)):
-            name = next(m for m in modes if MODES[m].bidirectional == bidirectional)
-            warm_up(s, es, regime, name, timing)
-        for names in abba(modes, s.args.rounds):
-            for name in names:
-                one_run(s, e_on if MODES[name].bidirectional else e_off, regime, name, timing)
 
 
 def results(s: Sitting) -> dict[str, Any]:
@@ -472,9 +438,11 @@ def results(s: Sitting) -> dict[str, Any]:
     return {
         "machine": s.header,
         "client": f"vLLM {multiturn_client.VERSION} benchmarks/multi_turn",
-        "workload": conversations(s.args.conversations),
-        "clients": s.args.clients,
+        "workloads": {r: generator_config(REGIMES[r].workload) for r in pooled},
         "rounds": s.args.rounds,
+        "default_mode": DEFAULT_MODE,
+        "baselines": list(BASELINES),
+        "engine_sets": s.engine_sets,
         "pooled": pooled,
         "runs": s.runs,
     }
@@ -482,26 +450,32 @@ def results(s: Sitting) -> dict[str, Any]:
 
 def print_tables(res: dict[str, Any]) -> None:
     print(res["machine"])
-    print(f"client: {res['client']}, {res['clients']} clients, {res['rounds']} round(s)\n")
+    print(f"client: {res['client']}, {res['rounds']} round(s)\n")
     for regime, modes in res["pooled"].items():
-        print(report.table(regime, modes, report.best_baseline(modes, BASELINES)) + "\n")
+        print(report.table(regime, modes) + "\n")
+    baselines = [b for b in res["baselines"]]
+    print(f"{res['default_mode']} (the default) against the strongest baseline per figure:\n")
+    print(report.headline(res["pooled"], res["default_mode"], baselines) + "\n")
 
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--regimes", default="spare,pressure,2p1d", help="also: 2p2d (3+ cores)")
+    ap.add_argument("--regimes", default="spare,pressure,2p1d")
+    ap.add_argument("--sweep", action="store_true", help="also every regime of the sweep")
     ap.add_argument("--modes", default=",".join(MODES))
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--conversations", type=int, default=24)
-    ap.add_argument("--clients", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--conversations", type=int, default=0, help="override every workload's")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--quick", action="store_true", help="spare and pressure, 8 conversations")
+    ap.add_argument("--idle-probe-s", type=float, default=3.0, help="idle CPU probe per run")
+    ap.add_argument("--quick", action="store_true", help="spare, 8 conversations, 1 round")
     ap.add_argument("--out", type=Path, default=REPO / "connector" / "bench")
     ap.add_argument("--replot", action="store_true", help="tables and chart from OUT only")
     args = ap.parse_args()
     if args.quick:
-        args.regimes, args.conversations, args.rounds = "spare,pressure", 8, 1
+        args.regimes, args.conversations, args.rounds = "spare", 8, 1
     args.regimes = [r for r in args.regimes.split(",") if r]
+    if args.sweep:
+        args.regimes += [r for r, spec in REGIMES.items() if spec.sweep and r != "2p2d"]
     args.modes = [m for m in args.modes.split(",") if m]
     unknown = [r for r in args.regimes if r not in REGIMES]
     unknown += [m for m in args.modes if m not in MODES]
@@ -522,12 +496,12 @@ def main() -> None:
         s = Sitting(args, client, venv, work)
         s.header = f"machine: {machine.describe(venv)}"
         s.log(f"{s.header}\nruns in {work}")
-        for regime in args.regimes:
-            regime_runs(s, regime)
-        res = results(s)
-        slim = {**res, "runs": [{k: v for k, v in r.items() if k != "records"} for r in s.runs]}
-        result_file.write_text(json.dumps(slim, indent=1))
-        (work / "production-full.json").write_text(json.dumps(res))
+        try:
+            for regime in args.regimes:
+                regime_runs(s, regime)
+        finally:  # what ran is kept, also when a run found the engines busy
+            res = results(s)
+            result_file.write_text(json.dumps(res, separators=(",", ":")))
     print_tables(res)
     report.chart(res["pooled"], args.out / "production.png")
 

@@ -37,7 +37,13 @@ VERSION = "0.34.0"
 """The vLLM release whose multi-turn client the benchmarks run (the newest one here)."""
 FOLDER = "benchmarks/multi_turn/"
 SCRIPT = "benchmark_serving_multi_turn.py"
-DONE = ".complete"
+PROXY = "tests/v1/kv_connector/nixl_integration/toy_proxy_server.py"
+PROXY_FILE = "toy_proxy_server.py"
+"""Where the proxy lands in the client's folder."""
+PROXY_REQUIREMENTS = ("fastapi", "uvicorn", "httpx")
+"""What the proxy imports (it has no requirements file of its own)."""
+DONE = ".complete-2"
+"""Written once the folder is complete (`-2`: the proxy joined the client)."""
 SKIP_REQUIREMENTS = ("xlsxwriter",)
 """Only needed for `--excel-output`, which the benchmarks never pass."""
 STAND_IN = '''"""Stands in for the one vLLM helper the multi-turn client imports."""
@@ -62,6 +68,10 @@ class Client:
     @property
     def script(self) -> Path:
         return self.folder / SCRIPT
+
+    @property
+    def proxy(self) -> Path:
+        return self.folder / PROXY_FILE
 
     def env(self, base: Mapping[str, str]) -> dict[str, str]:
         """The client's environment: its folder and the stand-in first on the path, offline."""
@@ -144,6 +154,15 @@ def multi_turn_members(tar: tarfile.TarFile) -> list[tarfile.TarInfo]:
     return out
 
 
+def proxy_member(tar: tarfile.TarFile) -> tarfile.TarInfo:
+    """vLLM's toy P/D proxy for the NixlConnector (`PROXY`), the baseline a user copying vLLM's
+    example runs."""
+    for member in tar.getmembers():
+        if member.isfile() and member.name.partition("/")[2] == PROXY:
+            return member
+    raise RuntimeError(f"the sdist has no {PROXY}")
+
+
 def _get(url: str, accept: str = "*/*") -> tuple[bytes, str]:
     req = urllib.request.Request(url, headers={"Accept": accept})
     with urllib.request.urlopen(req, timeout=300) as resp:
@@ -170,6 +189,9 @@ def fetch(version: str = VERSION, cache: Path | None = None) -> Path:
             source = tar.extractfile(member)
             assert source is not None
             target.write_bytes(source.read())
+        proxy = tar.extractfile(proxy_member(tar))
+        assert proxy is not None
+        (folder / PROXY_FILE).write_bytes(proxy.read())
     if not (folder / SCRIPT).exists():
         raise RuntimeError(f"vllm-{version}'s sdist has no {FOLDER}{SCRIPT}")
     stand_in = folder / "stand-in" / "vllm" / "benchmarks" / "lib"
@@ -188,8 +210,8 @@ def requirements(folder: Path) -> list[str]:
 
 
 def client_python(folder: Path, cache: Path | None = None) -> Path:
-    """A virtualenv with the client's requirements (cached, keyed by them)."""
-    reqs = requirements(folder)
+    """A virtualenv with the client's and the proxy's requirements (cached, keyed by them)."""
+    reqs = [*requirements(folder), *PROXY_REQUIREMENTS]
     key = hashlib.sha256("\n".join(reqs).encode()).hexdigest()[:12]
     home = (cache or cache_root()) / f"venv-multi-turn-{key}"
     python = home / "bin" / "python"
@@ -207,13 +229,60 @@ def ensure(version: str = VERSION) -> Client:
     return Client(folder, client_python(folder))
 
 
+GENERATE = """
+import json, random, sys
+import numpy as np
+from transformers import AutoTokenizer
+from bench_dataset import conversations_dict_to_list, generate_conversations, parse_input_json_file
+config, model, seed, prefix, out = sys.argv[1:6]
+random.seed(int(seed))
+np.random.seed(int(seed))
+tokenizer = AutoTokenizer.from_pretrained(model)
+with open(config) as f:
+    conversations = generate_conversations(parse_input_json_file(json.load(f)), tokenizer)
+listed = conversations_dict_to_list(conversations)
+for item in listed:
+    item["id"] = prefix + item["id"]
+with open(out, "w") as f:
+    json.dump(listed, f)
+"""
+"""The client's own generator, seeded as its main() seeds it, run once so that the benchmark
+knows every turn it should see (the client gives up a failed client's remaining turns without
+a record), with conversation ids unique per run (the generator names them alike every time)."""
+
+
+def generate(
+    client: Client, *, config: Mapping[str, Any], model_dir: Path, seed: int, prefix: str,
+    workdir: Path,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """The conversations of `config` (the client's generator JSON, `text_files` relative to
+    `workdir`) as the client's list input: `[{"id", "messages"}]`."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    conf = workdir / "generator.json"
+    conf.write_text(json.dumps(config))
+    out = workdir / "conversations.json"
+    cmd = [str(client.python), "-c", GENERATE, str(conf), str(model_dir), str(seed), prefix,
+           str(out)]  # fmt: skip
+    with open(workdir / "generate.log", "wb") as log:
+        subprocess.run(
+            cmd, cwd=workdir, env=client.env(os.environ), stdout=log, stderr=log, check=True
+        )
+    listed: list[dict[str, Any]] = json.loads(out.read_text())
+    return listed
+
+
+def expected_turns(conversations: Sequence[Mapping[str, Any]]) -> int:
+    """The requests the client sends for these conversations: one per user message."""
+    return sum(1 for c in conversations for m in c["messages"] if m.get("role") == "user")
+
+
 def run(
     client: Client,
     *,
     url: str,
     model_dir: Path,
     served_name: str,
-    config: Mapping[str, Any],
+    config: Mapping[str, Any] | Sequence[Mapping[str, Any]],
     clients: int,
     seed: int,
     workdir: Path,
@@ -221,9 +290,10 @@ def run(
     extra: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """One run of the client: `config` is its conversation generator's JSON (its
-    `text_files` relative to `workdir`); returns its per-request records."""
+    `text_files` relative to `workdir`) or a list of conversations (`generate`); returns its
+    per-request records."""
     workdir.mkdir(parents=True, exist_ok=True)
-    conf = workdir / "conversations.json"
+    conf = workdir / "client-input.json"
     conf.write_text(json.dumps(config))
     stats = workdir / "requests.json"
     stats.unlink(missing_ok=True)
@@ -236,9 +306,15 @@ def run(
         "--stats-json-output", str(stats), *extra,
     ]  # fmt: skip
     with open(workdir / "client.log", "wb") as log:
-        subprocess.run(
-            cmd, cwd=workdir, env=client.env(os.environ), stdout=log, stderr=log, check=True
+        done = subprocess.run(
+            cmd, cwd=workdir, env=client.env(os.environ), stdout=log, stderr=log, check=False
         )
+    # A client that failed still counts: what it recorded is kept, what it lost is lost turns
+    # (the caller compares with the turns it expected), and its log says why.
+    if done.returncode != 0:
+        print(f"  client exited {done.returncode}: {workdir / 'client.log'}", flush=True)
+    if not stats.exists():
+        return []
     records: list[dict[str, Any]] = json.loads(stats.read_text())
     return records
 

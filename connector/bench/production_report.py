@@ -1,23 +1,58 @@
-"""What one run of the production benchmark measured, and the table and chart of a sitting (pure).
+"""What one run of the production benchmark measured, and the tables and chart of a sitting (pure).
 
 Kept apart from `bench_production.py` (which starts engines and routers and runs vLLM's
 client) so the arithmetic is tested alone. A run's records are the client's own per-request
-stats (`--stats-json-output`): `ttft_ms`, `latency_ms`, `start_time_ms`, `input_num_turns`
-(1 on a conversation's first turn, 3 on its second, ...). A turn is *stalled* when its TTFT is
-over the sitting's stall bound (derived from P's measured prefill speed: several times the
-longest prompt's prefill, so only waiting, never computing, crosses it).
+stats (`--stats-json-output`): `ttft_ms`, `tpot_ms`, `latency_ms`, `start_time_ms`,
+`output_num_tokens`, `input_num_turns` (1 on a conversation's first turn, 3 on its second,
+...). A turn the client never recorded (it failed, or its client gave up) is *lost*: the runs
+know how many turns the conversations have. A turn is *stalled* when its TTFT is over the
+sitting's stall bound (several times the longest prompt's measured prefill, so only waiting,
+never computing, crosses it).
+
+Every figure is pooled over a mode's runs as its median with the min and max beside it, so a
+ratio inside the noise reads as one; ratios compare the default mode with the *strongest*
+baseline for that figure (the best baseline value, figure by figure).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from statistics import median
 from typing import Any
 
 PERCENTILES = (50, 90, 99)
+FIGURES: dict[str, tuple[str, ...]] = {
+    "first-turn TTFT p50": ("first_ttft_s", "p50"),
+    "first-turn TTFT p99": ("first_ttft_s", "p99"),
+    "follow-up TTFT p50": ("followup_ttft_s", "p50"),
+    "follow-up TTFT p90": ("followup_ttft_s", "p90"),
+    "follow-up TTFT p99": ("followup_ttft_s", "p99"),
+    "TPOT p50": ("tpot_s", "p50"),
+    "TPOT p99": ("tpot_s", "p99"),
+    "wall": ("wall_s",),
+    "lost turns": ("lost",),
+    "stalled turns": ("stalled",),
+}
+"""Every figure a user weighs, lower is better for all (path into a run's summary)."""
+HEADLINE = (
+    "first-turn TTFT p50",
+    "follow-up TTFT p50",
+    "follow-up TTFT p99",
+    "TPOT p50",
+    "wall",
+    "lost turns",
+)
+TARGETS = {
+    "follow-up TTFT p50": 0.8,
+    "first-turn TTFT p50": 1.1,
+    "follow-up TTFT p99": 1.0,
+    "TPOT p50": 1.1,
+    "wall": 1.0,
+}
+"""The ratio each figure must stay under against the strongest baseline (lost turns: 0)."""
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -34,18 +69,25 @@ def _spread(values: Sequence[float]) -> dict[str, float | None]:
     return {f"p{q}": percentile(values, q) for q in PERCENTILES}
 
 
-def summarize(records: Sequence[Mapping[str, Any]], stall_bound_s: float) -> dict[str, Any]:
-    """TTFT (first turns, follow-ups), end-to-end latency, wall, turns/s and stalls, in s."""
+def summarize(
+    records: Sequence[Mapping[str, Any]], stall_bound_s: float, expected: int | None = None
+) -> dict[str, Any]:
+    """TTFT (first turns, follow-ups), TPOT, end-to-end latency, wall, turns/s, stalls and lost
+    turns (`expected` less those recorded), in s."""
     first = [r["ttft_ms"] / 1000 for r in records if r["input_num_turns"] <= 1]
     follow = [r["ttft_ms"] / 1000 for r in records if r["input_num_turns"] > 1]
+    tpot = [r["tpot_ms"] / 1000 for r in records if r.get("output_num_tokens", 0) > 1]
     latency = [r["latency_ms"] / 1000 for r in records]
     starts = [r["start_time_ms"] / 1000 for r in records]
     ends = [(r["start_time_ms"] + r["latency_ms"]) / 1000 for r in records]
     wall = max(ends) - min(starts) if records else 0.0
     return {
         "turns": len(records),
+        "expected": expected if expected is not None else len(records),
+        "lost": max(0, expected - len(records)) if expected is not None else 0,
         "first_ttft_s": _spread(first),
         "followup_ttft_s": _spread(follow),
+        "tpot_s": _spread(tpot),
         "latency_s": _spread(latency),
         "wall_s": wall,
         "turns_per_s": len(records) / wall if wall > 0 else 0.0,
@@ -58,103 +100,160 @@ def block_seconds(points: Sequence[tuple[float, float]]) -> float:
     return sum((t1 - t0) * (b0 + b1) / 2 for (t0, b0), (t1, b1) in itertools.pairwise(points))
 
 
-def pooled(runs: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """One mode's runs of a regime: the median of each figure over its runs."""
-    runs = list(runs)
+def _at(run: Mapping[str, Any], path: Sequence[str]) -> float | None:
+    value: Any = run
+    for key in path:
+        value = value.get(key) if isinstance(value, Mapping) else None
+    return float(value) if isinstance(value, int | float) else None
 
-    def med(path: tuple[str, ...]) -> float | None:
-        values = []
-        for run in runs:
-            value: Any = run
-            for key in path:
-                value = value.get(key) if isinstance(value, Mapping) else None
-            if isinstance(value, int | float):
-                values.append(float(value))
-        return median(values) if values else None
 
-    out: dict[str, Any] = {"runs": len(runs)}
-    for part in ("first_ttft_s", "followup_ttft_s", "latency_s"):
-        out[part] = {f"p{q}": med(("summary", part, f"p{q}")) for q in PERCENTILES}
-    for key in ("wall_s", "turns_per_s", "stalled"):
-        out[key] = med(("summary", key))
-    out["retained_block_s"] = med(("retained_block_s",))
-    for role in ("p", "d"):
-        for source in ("computed", "cached", "pulled"):
-            out[f"{role}_{source}"] = med(("tokens", role, source))
+def pooled(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One mode's runs of a regime: each figure's min, median and max over the runs, and the
+    median of the engines' token counts and CPU seconds."""
+    out: dict[str, Any] = {"runs": len(runs), "figures": {}}
+    for name, path in FIGURES.items():
+        values = [v for r in runs if (v := _at(r, ("summary", *path))) is not None]
+        out["figures"][name] = (
+            {"min": min(values), "median": median(values), "max": max(values)} if values else None
+        )
+    extra: dict[str, tuple[str, ...]] = {
+        "retained_block_s": ("retained_block_s",),
+        "turns_per_s": ("summary", "turns_per_s"),
+        **{f"{r}_{s}": ("tokens", r, s) for r in "pd" for s in ("computed", "cached", "pulled")},
+        **{f"cpu_{r}": ("cpu_s", r) for r in ("prefill", "decode")},
+    }
+    for key, path in extra.items():
+        values = [v for r in runs if (v := _at(r, path)) is not None]
+        out[key] = median(values) if values else None
     return out
 
 
-def _s(value: float | None) -> str:
+def strongest(
+    modes: Mapping[str, Mapping[str, Any]], baselines: Sequence[str], figure: str
+) -> tuple[str | None, float | None]:
+    """The baseline with the best (lowest) median of `figure`, and that median; (None, None)
+    when no baseline has it."""
+    found = [
+        (f["median"], b)
+        for b in baselines
+        if b in modes and (f := modes[b]["figures"].get(figure)) is not None
+    ]
+    if not found:
+        return None, None
+    value, name = min(found)
+    return name, value
+
+
+def ratios(
+    modes: Mapping[str, Mapping[str, Any]], mode: str, baselines: Sequence[str]
+) -> dict[str, dict[str, Any]]:
+    """`mode`'s median of every figure against the strongest baseline's: ratio (None when the
+    baseline's is 0: then `mode`'s value itself says it, as for lost turns)."""
+    out: dict[str, dict[str, Any]] = {}
+    for figure in FIGURES:
+        mine = (modes.get(mode) or {}).get("figures", {}).get(figure)
+        base, value = strongest(modes, baselines, figure)
+        if mine is None or base is None:
+            continue
+        ratio = mine["median"] / value if value else None
+        out[figure] = {"baseline": base, "base": value, "mine": mine["median"], "ratio": ratio}
+    return out
+
+
+def met(figure: str, entry: Mapping[str, Any]) -> bool | None:
+    """Whether a figure meets its target (lost turns: none); None: no target."""
+    if figure == "lost turns":
+        return entry["mine"] == 0
+    target = TARGETS.get(figure)
+    if target is None:
+        return None
+    return entry["ratio"] is not None and entry["ratio"] <= target
+
+
+def fmt_s(value: float | None) -> str:
     if value is None:
         return "-"
     return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def _fig(name: str, f: Mapping[str, float] | None) -> str:
+    if f is None:
+        return "-"
+    if name in ("lost turns", "stalled turns"):
+        return f"{f['median']:.0f} ({f['min']:.0f}-{f['max']:.0f})"
+    return f"{fmt_s(f['median'])} ({fmt_s(f['min'])}-{fmt_s(f['max'])})"
+
+
+def table(regime: str, modes: Mapping[str, Mapping[str, Any]]) -> str:
+    """A regime's markdown table: a row per mode, every figure as median (min-max)."""
+    cols = list(FIGURES)
+    head = f"regime: {regime}\n\n| mode | runs | " + " | ".join(cols)
+    head += " | P computed / cached / pulled | D computed / cached | CPU s P / D |\n"
+    head += "|---" * (len(cols) + 5) + "|\n"
+    rows = []
+    for mode, m in modes.items():
+        cells = [_fig(c, m["figures"].get(c)) for c in cols]
+        tokens = " / ".join(_n(m.get(f"p_{s}")) for s in ("computed", "cached", "pulled"))
+        d_tokens = " / ".join(_n(m.get(f"d_{s}")) for s in ("computed", "cached"))
+        cpu = f"{_n(m.get('cpu_prefill'))} / {_n(m.get('cpu_decode'))}"
+        rows.append(f"| {mode} | {m['runs']} | " + " | ".join(cells) + f" | {tokens} | "
+                    f"{d_tokens} | {cpu} |")  # fmt: skip
+    return head + "\n".join(rows)
 
 
 def _n(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
 
-def table(regime: str, modes: Mapping[str, Mapping[str, Any]], better: str | None) -> str:
-    """The markdown table of one regime: a row per mode, ratios against `better` (the better
-    baseline by follow-up TTFT p50)."""
-    head = (
-        f"regime: {regime}\n\n"
-        "| mode | follow-up TTFT p50 / p90 / p99 | vs best baseline p50 / p99 | first-turn "
-        "TTFT p50 / p99 | latency p50 | wall | turns/s | stalled | P computed / cached / "
-        "pulled | D computed / cached | D retained block-s |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|\n"
-    )
-    base = modes.get(better or "") or {}
+def headline(
+    pooled_by_regime: Mapping[str, Mapping[str, Mapping[str, Any]]], mode: str,
+    baselines: Sequence[str],
+) -> str:  # fmt: skip
+    """One row per regime: `mode` against the strongest baseline on each headline figure
+    (ratio, and the baseline that was strongest); a miss of its target in bold."""
+    head = "| regime | " + " | ".join(HEADLINE) + " |\n" + "|---" * (len(HEADLINE) + 1) + "|\n"
     rows = []
-    for mode, m in modes.items():
-        f, first = m["followup_ttft_s"], m["first_ttft_s"]
-        rows.append(
-            f"| {mode} | {_s(f['p50'])} / {_s(f['p90'])} / {_s(f['p99'])} | "
-            f"{_ratio(f['p50'], base, 'p50')} / {_ratio(f['p99'], base, 'p99')} | "
-            f"{_s(first['p50'])} / {_s(first['p99'])} | {_s(m['latency_s']['p50'])} | "
-            f"{_s(m['wall_s'])} | {m['turns_per_s'] or 0:.2f} | {_n(m['stalled'])} | "
-            f"{_n(m['p_computed'])} / {_n(m['p_cached'])} / {_n(m['p_pulled'])} | "
-            f"{_n(m['d_computed'])} / {_n(m['d_cached'])} | {_n(m['retained_block_s'])} |"
-        )
+    for regime, modes in pooled_by_regime.items():
+        r = ratios(modes, mode, baselines)
+        cells = []
+        for figure in HEADLINE:
+            entry = r.get(figure)
+            if entry is None:
+                cells.append("-")
+                continue
+            if figure == "lost turns":
+                text = f"{entry['mine']:.0f} (best baseline {entry['base']:.0f})"
+            else:
+                text = f"{entry['ratio']:.2f}x vs {entry['baseline']}" if entry["ratio"] else "-"
+            cells.append(f"**{text}**" if met(figure, entry) is False else text)
+        rows.append(f"| {regime} | " + " | ".join(cells) + " |")
     return head + "\n".join(rows)
 
 
-def _ratio(value: float | None, base: Mapping[str, Any], key: str) -> str:
-    ref = (base.get("followup_ttft_s") or {}).get(key)
-    if value is None or not ref:
-        return "-"
-    return f"{value / ref:.2f}"
-
-
-def best_baseline(modes: Mapping[str, Mapping[str, Any]], baselines: Sequence[str]) -> str | None:
-    """The baseline with the lowest follow-up TTFT p50."""
-    present = [b for b in baselines if (modes.get(b) or {}).get("followup_ttft_s", {}).get("p50")]
-    return min(present, key=lambda b: modes[b]["followup_ttft_s"]["p50"]) if present else None
-
-
 def chart(results: Mapping[str, Mapping[str, Mapping[str, Any]]], out: Path) -> None:
-    """Follow-up TTFT p50 and p99 per mode, one panel per regime (log scale)."""
+    """Follow-up TTFT p50 and p99 and first-turn TTFT p50 per mode, a panel per regime (log)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     regimes = list(results)
-    fig, axes = plt.subplots(1, len(regimes), figsize=(4.5 * len(regimes), 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(regimes), figsize=(5 * len(regimes), 3.8), squeeze=False)
+    shown = (("follow-up TTFT p50", -0.27), ("follow-up TTFT p99", 0.0),
+             ("first-turn TTFT p50", 0.27))  # fmt: skip
     for ax, regime in zip(axes[0], regimes, strict=True):
         modes = results[regime]
         names = list(modes)
-        p50 = [modes[n]["followup_ttft_s"]["p50"] or 0 for n in names]
-        p99 = [modes[n]["followup_ttft_s"]["p99"] or 0 for n in names]
         xs = range(len(names))
-        ax.bar([x - 0.2 for x in xs], p50, 0.4, label="p50")
-        ax.bar([x + 0.2 for x in xs], p99, 0.4, label="p99")
-        ax.set_xticks(list(xs), names, rotation=20)
+        for figure, dx in shown:
+            values = [((modes[n]["figures"].get(figure) or {}).get("median") or 0) for n in names]
+            ax.bar([x + dx for x in xs], values, 0.27, label=figure)
+        ax.set_xticks(list(xs), names, rotation=35, ha="right")
         ax.set_yscale("log")
         ax.set_title(regime)
-        ax.set_ylabel("follow-up TTFT (s)")
-    axes[0][0].legend()
-    fig.suptitle("vLLM multi-turn benchmark client, prefix caching on")
+        ax.set_ylabel("seconds (median over runs)")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("vLLM multi-turn benchmark client; stock vLLM baselines, prefix caching on")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

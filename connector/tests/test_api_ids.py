@@ -12,6 +12,7 @@ from typing import Any
 from boomerang.connector.api_ids import (
     ChatStreamTap,
     asks_for_transfer,
+    cached_of,
     message_delta,
     responses_ids,
 )
@@ -115,3 +116,49 @@ def test_responses_ids_come_from_the_final_output() -> None:
     assert responses_ids(context) == ([1, 2], [5, 6])
     assert responses_ids(SimpleNamespace(final_output=None)) is None
     assert responses_ids(None) is None
+
+
+def test_message_delta_reports_the_cached_prompt_tokens_of_the_chat_usage() -> None:
+    events = chat_stream()
+    events[-2] = chat_event(
+        choices=[], usage={"prompt_tokens": 9, "prompt_tokens_details": {"cached_tokens": 8}}
+    )
+    tap = tapped(events)
+    assert tap.cached == 8
+    stop = {**STOP, "usage": {"input_tokens": 9, "output_tokens": 2}}
+    payload = json.loads(message_delta(delta_event(stop), tap).partition("\ndata: ")[2])
+    assert payload["usage"] == {"input_tokens": 9, "output_tokens": 2, "cache_read_input_tokens": 8}
+
+
+def test_with_details_on_a_stream_without_them_reports_zero() -> None:
+    plain = [chat_event(choices=[{"index": 0, "delta": {"content": "a"}}]), "data: [DONE]\n\n"]
+    tap = tapped(plain)
+    tap.cached = 0  # what the wrapper sets where the engine reports details
+    stop = {**STOP, "usage": {"input_tokens": 3, "output_tokens": 1}}
+    payload = json.loads(message_delta(delta_event(stop), tap).partition("\ndata: ")[2])
+    assert payload["usage"]["cache_read_input_tokens"] == 0
+
+
+def test_cached_tokens_are_read_from_a_dict_or_vllm_s_model() -> None:
+    details = SimpleNamespace(cached_tokens=5)
+    assert cached_of(SimpleNamespace(prompt_tokens_details=details)) == 5
+    assert cached_of({"prompt_tokens_details": {"cached_tokens": 4}}) == 4
+    assert cached_of(SimpleNamespace(prompt_tokens_details=None)) is None
+    assert cached_of(None) is None
+
+
+def test_a_messages_answer_gets_the_chat_answer_s_cached_tokens() -> None:
+    from boomerang.connector.api_ids import _wrap_full_converter
+
+    def original(self: Any, generator: Any) -> Any:
+        return SimpleNamespace(usage=SimpleNamespace(cache_read_input_tokens=None))
+
+    convert = _wrap_full_converter(original, None)
+    details = SimpleNamespace(cached_tokens=96)
+    chat = SimpleNamespace(usage=SimpleNamespace(prompt_tokens_details=details), choices=[])
+    off = SimpleNamespace(enable_prompt_tokens_details=False)
+    assert convert(off, chat).usage.cache_read_input_tokens == 96
+    none = SimpleNamespace(usage=SimpleNamespace(prompt_tokens_details=None), choices=[])
+    assert convert(off, none).usage.cache_read_input_tokens is None  # the engine did not say
+    on = SimpleNamespace(enable_prompt_tokens_details=True)
+    assert convert(on, none).usage.cache_read_input_tokens == 0  # vLLM leaves a zero out

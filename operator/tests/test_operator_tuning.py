@@ -235,3 +235,24 @@ def test_the_learned_status_is_exactly_the_status_model_of_the_api() -> None:
     parsed = DisaggregatedDeploymentStatus.model_validate(status)
     assert parsed.model_dump(by_alias=True, exclude_none=True) == status
     assert set(tuning.LEARNED_FIELDS) <= set(status["kvTransfer"])
+
+
+def test_clients_retention_hints_are_capped_by_max_client_ttl() -> None:
+    retention = {"retention": {"maxClientTTL": "2m"}}
+    dd = deployment(patch={"kvTransfer": {"tuning": retention}})
+    assert render.router_config(dd)["tuning"]["retention_max_client_s"] == 120.0
+    loaded = RouterConfig.model_validate(render.router_config(dd)).tuning
+    assert loaded.retention_max_client_s == 120.0
+    for unset in ({}, {"retention": {"maxClientTTL": "0s"}}):  # the router's default
+        config = render.router_config(deployment(patch={"kvTransfer": {"tuning": unset}}))
+        assert "retention_max_client_s" not in config["tuning"]
+
+
+def test_session_headers_render_into_the_router_s_config() -> None:
+    assert "session_headers" not in render.router_config(deployment())
+    dd = deployment(patch={"router": {"sessionHeaders": ["x-my-session"]}})
+    config = render.router_config(dd)
+    assert config["session_headers"] == ["x-my-session"]
+    assert RouterConfig.model_validate(config).session_headers == ["x-my-session"]
+    none = render.router_config(deployment(patch={"router": {"sessionHeaders": []}}))
+    assert RouterConfig.model_validate(none).session_headers == []

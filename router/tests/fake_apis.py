@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 from aiohttp import web
-from fake_responses import dumps_lenient, json_reply, loads_lenient
+from fake_responses import dumps_lenient, json_reply, loaded, loads_lenient
 from fake_tokenizer import render_chat
 
 
@@ -125,9 +125,11 @@ def _serve(engine: Any, api: str) -> Any:
         if spec.role == "prefill" and params is not None:
             p_params = engine.prefill(chat, ids, params, rid)
             answer = _Answer(api, rid, body, "x", [ids[-1] % 97], "length", ids, p_params)
+            answer.cached = loaded(params, ids)
             return json_reply(answer.json(with_ids))
         content, out, finish, _, d_params = engine.generate(chat, ids, params, rid)
         answer = _Answer(api, rid, body, content, out, finish, ids, d_params)
+        answer.cached = loaded(params, ids)
         if not body.get("stream"):
             return json_reply(answer.json(with_ids))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -166,6 +168,8 @@ class _Answer:
             prompt_ids,
             params,
         )
+        self.cached = 0
+        """Prompt tokens the engine did not compute (`fake_responses.loaded`)."""
 
     def _extras(self, with_ids: bool) -> dict[str, Any]:
         ids = {"prompt_token_ids": self.prompt_ids, "token_ids": self.out_ids} if with_ids else {}
@@ -193,16 +197,25 @@ class _Answer:
             "content": [text],
         }
 
-    def _usage(self) -> dict[str, int]:
+    def _usage(self, with_ids: bool = False) -> dict[str, Any]:
+        """vLLM's usage: Responses says what it did not compute; Messages only with the
+        plugin (which fills Anthropic's `cache_read_input_tokens`)."""
         p, o = len(self.prompt_ids), len(self.out_ids)
         if self.api == "responses":
-            return {"input_tokens": p, "output_tokens": o, "total_tokens": p + o}
-        return {"input_tokens": p, "output_tokens": o}
+            details = {"cached_tokens": self.cached}
+            return {
+                "input_tokens": p,
+                "output_tokens": o,
+                "total_tokens": p + o,
+                "input_tokens_details": details,
+            }
+        cache = {"cache_read_input_tokens": self.cached} if with_ids else {}
+        return {"input_tokens": p, "output_tokens": o, **cache}
 
     def json(self, with_ids: bool) -> dict[str, Any]:
         if self.api == "responses":
             status = "completed" if self.finish == "stop" else "incomplete"
-            out = self._response(status, [self._message_item()], self._usage())
+            out = self._response(status, [self._message_item()], self._usage(with_ids))
             return {**out, **self._extras(with_ids)}
         return {
             "id": self.rid,
@@ -212,7 +225,7 @@ class _Answer:
             "content": [{"type": "text", "text": self.content}],
             "stop_reason": "end_turn" if self.finish == "stop" else "max_tokens",
             "stop_sequence": None,
-            "usage": self._usage(),
+            "usage": self._usage(with_ids),
             **self._extras(with_ids),
         }
 
@@ -264,7 +277,10 @@ class _Answer:
             events.append(("content_block_delta", {"index": 0, "delta": delta}))
         events.append(("content_block_stop", {"index": 0}))
         stop = "end_turn" if self.finish == "stop" else "max_tokens"
-        delta_event: dict[str, Any] = {"delta": {"stop_reason": stop}, "usage": self._usage()}
+        delta_event: dict[str, Any] = {
+            "delta": {"stop_reason": stop},
+            "usage": self._usage(with_ids),
+        }
         if with_ids:  # the plugin adds them to the last event before message_stop
             delta_event |= self._extras(True)
         events += [("message_delta", delta_event), ("message_stop", {})]

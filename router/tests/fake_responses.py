@@ -56,12 +56,28 @@ def chunk_choice(
     return choice
 
 
-def usage(prompt: int, completion: int) -> dict[str, int]:
-    return {
+def usage(prompt: int, completion: int, cached: int = 0) -> dict[str, Any]:
+    """vLLM's usage; with `--enable-prompt-tokens-details` it adds the prompt tokens it did not
+    compute (its prefix-cache hit and what its connector loaded), only when there are any."""
+    out: dict[str, Any] = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+    if cached:
+        out["prompt_tokens_details"] = {"cached_tokens": cached}
+    return out
+
+
+def loaded(params: dict[str, Any] | None, prompt: list[int]) -> int:
+    """Prompt tokens an engine given `params` loads from another engine instead of computing
+    them (vLLM counts them as cached): P pulling D's handle, D pulling P's blocks."""
+    if not params:
+        return 0
+    n = params.get("remote_num_tokens")
+    if params.get("do_remote_decode") and params.get("remote_block_ids") and isinstance(n, int):
+        return min(n, len(prompt))
+    return len(prompt) if params.get("do_remote_prefill") else 0
 
 
 def completion_response(

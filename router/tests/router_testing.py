@@ -35,6 +35,7 @@ from fake_responses import (
     chunk_choice,
     completion_response,
     json_reply,
+    loaded,
     loads_lenient,
     response_base,
     sse_event,
@@ -279,6 +280,7 @@ class FakeEngine:
             body, rid, "x", [ids[-1] % 97], "length", ids, body.get("return_token_ids")
         )
         out["kv_transfer_params"] = self.prefill(body, ids, params, rid)
+        out["usage"] = usage(len(ids), 1, loaded(params, ids))
         return out
 
     def prefill(
@@ -334,27 +336,26 @@ class FakeEngine:
     ) -> web.StreamResponse:
         content, out_ids, finish, reasoning, d_params = self.generate(body, ids, params, rid)
         want_ids = body.get("return_token_ids")
+        cached = loaded(params, ids)
         if not body.get("stream"):
             out = completion_response(body, rid, content, out_ids, finish, ids, want_ids, reasoning)
             out["kv_transfer_params"] = d_params
+            out["usage"] = usage(len(ids), len(out_ids), cached)
             return json_reply(out)
-        return await self._stream(request, body, rid, content, out_ids, finish, ids, d_params)
+        answer = (content, out_ids, finish, ids, d_params, cached)
+        return await self._stream(request, body, rid, answer)
 
     async def _stream(
         self,
         request: web.Request,
         body: dict[str, Any],
         rid: str,
-        content: str,
-        out_ids: list[int],
-        finish: str,
-        ids: list[int],
-        d_params: dict[str, Any] | None,
+        answer: tuple[str, list[int], str, list[int], dict[str, Any] | None, int],
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         try:
-            await self._chunks(resp, body, rid, content, out_ids, finish, ids, d_params)
+            await self._chunks(resp, body, rid, *answer)
         except ConnectionResetError:
             self.spec.disconnected += 1
         except asyncio.CancelledError:
@@ -372,6 +373,7 @@ class FakeEngine:
         finish: str,
         ids: list[int],
         d_params: dict[str, Any] | None,
+        cached: int = 0,
     ) -> None:
         chat = "messages" in body
         want_ids = bool(body.get("return_token_ids"))
@@ -396,7 +398,7 @@ class FakeEngine:
             await resp.write(sse_event(chunk))
         opts = body.get("stream_options") or {}
         if opts.get("include_usage"):
-            counts = usage(len(ids), len(out_ids))
+            counts = usage(len(ids), len(out_ids), cached)
             await resp.write(sse_event({**base, "choices": [], "usage": counts}))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()

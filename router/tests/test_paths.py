@@ -49,12 +49,22 @@ class Recorder:
         self.calls: list[tuple[str, Any, ...]] = []
 
     def filed(
-        self, key: bytes, handle: conv.Handle, tenant: str, now: float, *, replaced: Any = None
+        self,
+        key: bytes,
+        handle: conv.Handle,
+        tenant: str,
+        now: float,
+        *,
+        replaced: Any = None,
+        hint_s: float | None = None,
     ) -> None:
         self.calls.append(("filed", key, handle, replaced))
 
     def taken(self, key: bytes, tenant: str, now: float) -> None:
         self.calls.append(("taken", key))
+
+    def learned_s(self, tenant: str, now: float) -> float | None:
+        return None
 
     def superseded(self, handle: conv.Handle, reason: str) -> None:
         self.calls.append(("superseded", handle, reason))

@@ -386,3 +386,35 @@ async def test_the_sweep_loop_reports_what_is_held(monkeypatch: pytest.MonkeyPat
     assert w.counter("boomerang_router_retention_seconds") == pytest.approx(
         w.config.effective_handle_ttl_s
     )
+
+
+async def test_a_client_s_hint_replaces_the_learned_gap_within_the_handle_ttl() -> None:
+    w = World()
+    w.learn(5.0)
+    h = handle("r1")
+    await w.store.put(b"k", h)
+    w.retention.filed(b"k", h, "t", NOW, replaced=None, hint_s=30.0)
+    lease = w.retention.ledger.get(b"k")
+    assert lease is not None and lease.deadline == NOW + 30  # the hint, not the learned 5 s
+    h2 = handle("r2")
+    await w.store.put(b"k2", h2)
+    w.retention.filed(b"k2", h2, "t", NOW, replaced=None, hint_s=3600.0)
+    lease = w.retention.ledger.get(b"k2")
+    assert lease is not None and lease.deadline == NOW + 40  # never past the handle's TTL
+    sources = ("hint", "learned")
+    counts = [
+        w.counter("boomerang_router_lease_retention_seconds_count", source=s) for s in sources
+    ]
+    assert counts == [2, 0]
+    assert w.retention.learned_s("t", NOW) is not None
+
+
+async def test_a_hinted_lease_yields_to_d_s_memory_budget_like_any_other() -> None:
+    w = World(kv_blocks=4, decode_memory_budget=0.5)
+    for i in range(3):
+        h = handle(f"r{i}", blocks=2)
+        await w.store.put(f"k{i}".encode(), h)
+        w.retention.filed(f"k{i}".encode(), h, "t", NOW, replaced=None, hint_s=35.0)
+    await w.retention.sweep(NOW + 1)
+    await w.retention.close()
+    assert len(w.leases.ids()) == 2  # 6 blocks held, 2 allowed: the hint is no pin

@@ -13,6 +13,12 @@ requests that carry `kv_transfer_params` (only the router sends them: it strips 
 - Messages: the chat request it converts to asks for token ids; the JSON answer gets
   `prompt_token_ids` and `token_ids`, and the streamed `message_delta` event (the one with
   the stop reason) gets those and `kv_transfer_params`, collected from the chat stream.
+- Messages usage (every request, not only the router's: it is the engine's own count): vLLM's
+  converter drops what the chat answer says of cached prompt tokens
+  (`usage.prompt_tokens_details.cached_tokens`, with `--enable-prompt-tokens-details`); the
+  answer's and `message_delta`'s Anthropic `usage.cache_read_input_tokens` get it (0 when the
+  details are on and the chat usage has none: vLLM leaves a zero out), so the router can tell
+  its clients what the engine did not compute.
 
 Everything else passes through untouched. The rewrites of events are pure (`message_delta`,
 `ChatStreamTap.observe`) and tested without vLLM; `apply` patches vLLM where its serving
@@ -48,6 +54,9 @@ class ChatStreamTap:
         self.prompt_ids: list[int] | None = None
         self.output_ids: list[int] = []
         self.seen_ids = False
+        self.cached: int | None = None
+        """Prompt tokens the engine did not compute, from the usage of the chat stream (set
+        to 0 up front where the details are on: vLLM sends none for a zero)."""
 
     def __aiter__(self) -> ChatStreamTap:
         return self
@@ -60,7 +69,9 @@ class ChatStreamTap:
     def observe(self, event: str) -> None:
         """Collect from one chat SSE event (cheap for events that carry nothing of it)."""
         if not event.startswith("data:") or (
-            "token_ids" not in event and "kv_transfer_params" not in event
+            "token_ids" not in event
+            and "kv_transfer_params" not in event
+            and "prompt_tokens_details" not in event
         ):
             return
         try:
@@ -77,12 +88,27 @@ class ChatStreamTap:
             if isinstance(choice, dict) and isinstance(ids := choice.get("token_ids"), list):
                 self.output_ids.extend(ids)
                 self.seen_ids = True
+        if (cached := cached_of(chunk.get("usage"))) is not None:
+            self.cached = cached
+
+
+def cached_of(usage: Any) -> int | None:
+    """`prompt_tokens_details.cached_tokens` of a chat usage (dict or vLLM's model)."""
+    details = usage.get("prompt_tokens_details") if isinstance(usage, dict) else None
+    if details is None and usage is not None and not isinstance(usage, dict):
+        details = getattr(usage, "prompt_tokens_details", None)
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if cached is None and details is not None and not isinstance(details, dict):
+        cached = getattr(details, "cached_tokens", None)
+    return cached if isinstance(cached, int) and not isinstance(cached, bool) else None
 
 
 def message_delta(event: str, tap: ChatStreamTap) -> str:
     """A Messages SSE event, with D's params and ids added if it is the `message_delta` and
     the chat stream carried them. Pure: the decision and the rewrite, testable without vLLM."""
-    if not event.startswith(MESSAGE_DELTA) or not (tap.params or tap.seen_ids):
+    if not event.startswith(MESSAGE_DELTA) or not (
+        tap.params or tap.seen_ids or tap.cached is not None
+    ):
         return event
     head, _, data = event.partition("\ndata: ")
     try:
@@ -97,6 +123,9 @@ def message_delta(event: str, tap: ChatStreamTap) -> str:
     for key, value in extra.items():
         if value is not None and key not in payload:
             payload[key] = value
+    usage = payload.get("usage")
+    if tap.cached is not None and isinstance(usage, dict):
+        usage.setdefault("cache_read_input_tokens", tap.cached)
     return f"{head}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
 
@@ -151,6 +180,12 @@ def _wrap_full_converter(original: Callable[..., Any], with_ids: Any) -> Any:
     @functools.wraps(original)
     def wrapper(self: Any, generator: Any) -> Any:
         result = original(self, generator)
+        cached = cached_of(getattr(generator, "usage", None))
+        if cached is None and getattr(self, "enable_prompt_tokens_details", False):
+            cached = 0  # vLLM leaves a zero out
+        usage = getattr(result, "usage", None)
+        if cached is not None and usage is not None and hasattr(usage, "cache_read_input_tokens"):
+            usage.cache_read_input_tokens = cached
         prompt = getattr(generator, "prompt_token_ids", None)
         choices = getattr(generator, "choices", None) or ()
         if prompt is None or not choices:
@@ -172,6 +207,8 @@ def _wrap_stream_converter(original: Callable[..., AsyncGenerator[str, None]]) -
     @functools.wraps(original)
     async def wrapper(self: Any, generator: AsyncIterator[str]) -> AsyncGenerator[str, None]:
         tap = ChatStreamTap(generator)
+        if getattr(self, "enable_prompt_tokens_details", False):
+            tap.cached = 0  # vLLM sends no details for a zero
         async for event in original(self, tap):
             yield message_delta(event, tap)
 

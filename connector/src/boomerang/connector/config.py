@@ -17,6 +17,9 @@ Facts encoded here (vLLM 0.21+ NixlConnector):
 - `--enable-scale-out` turns on vLLM's render endpoints (`/v1/responses/render`,
   `/v1/messages/render`), which the router asks for a Responses or Messages prompt's token ids
   (the rendering those endpoints run, exactly).
+- `--enable-prompt-tokens-details` makes vLLM report, per request, the prompt tokens it did not
+  compute (its prefix-cache hit plus what its KV connector loaded), which the router passes to
+  clients as their cached tokens.
 """
 
 from __future__ import annotations
@@ -235,7 +238,7 @@ def engine_args(role: Role, engine: EngineSettings, kv: KVTransferSettings) -> l
 def prompt_args(engine: EngineSettings) -> list[str]:
     """How the engine renders and parses: its chat template, tool-call and reasoning parsers,
     and the render endpoints the router verifies Responses and Messages prompts with."""
-    args = ["--enable-scale-out"]
+    args = ["--enable-scale-out", "--enable-prompt-tokens-details"]
     if engine.chat_template is not None:
         args += ["--chat-template", engine.chat_template]
     if engine.tool_call_parser is not None:

@@ -504,6 +504,14 @@ class RetentionSpec(_Model):
         "for continuing on the same decoder: D's prefix cache holds freed blocks until it "
         "needs the room, and serves what it still has (never offered to prefill).",
     )
+    max_client_ttl: Duration | None = Field(
+        None,
+        alias="maxClientTTL",
+        description="The longest retention a client's hint may ask for (Anthropic "
+        "cache_control ttl, OpenAI prompt_cache_retention), which replaces the learned one for "
+        "its conversation; longer hints are capped and logged, never refused. Unset or 0: "
+        "kvTransfer.decoderBlocksTTL. The router's conversation TTL still bounds every hint.",
+    )
 
 
 class TuningSpec(_Model):
@@ -655,6 +663,14 @@ class RouterSpec(_Model):
     )
     api_key_secret_ref: SecretKeyRef | None = Field(
         None, description="Secret key with API keys (one per line, optionally 'key tenant')."
+    )
+    session_headers: list[str] | None = Field(
+        None,
+        description="Request headers that name an agent's session, tried in order after the "
+        "client's conversation_id and X-Conversation-Id and before the body's "
+        "prompt_cache_key; a session names the conversation in the caller's tenant. Unset: "
+        "x-claude-code-session-id, session_id, session-id, x-session-affinity, x-session-id. "
+        "Empty: no header names a session.",
     )
     node_selector: dict[str, str] = Field(
         default_factory=dict, description="Node labels the router pods must match."

@@ -188,6 +188,7 @@ def router_config(
         "handle_ttl_s": dd.spec.router_ttl_seconds,
         "store": {"kind": store.type, "url": store.url or _secret_placeholder(store.type)},
         "api_keys_file": _api_keys_file(dd),
+        "session_headers": dd.spec.router.session_headers,
         "tuning": router_tuning(dd),
     }
     return _without_none(config)
@@ -203,7 +204,7 @@ def router_tuning(dd: DisaggregatedDeployment) -> dict[str, Any]:
     fractions."""
     tuning = dd.spec.kv_transfer.tuning
     cont, retention = tuning.continue_on_decode, tuning.retention
-    return {
+    section = {
         "mode": tuning.mode.lower(),
         "break_even_min_tokens": tuning.break_even.min_tokens,
         "break_even_max_tokens": tuning.break_even.max_tokens,
@@ -214,7 +215,15 @@ def router_tuning(dd: DisaggregatedDeployment) -> dict[str, Any]:
         "retention_min_s": parse_duration(retention.minimum),
         "reuse_released": retention.reuse_released,
         "decode_memory_budget": tuning.decode_memory_budget_percent / 100,
+        "retention_max_client_s": _seconds_or_none(retention.max_client_ttl),
     }
+    return _without_none(section)
+
+
+def _seconds_or_none(duration: str | None) -> float | None:
+    """Seconds of an optional duration; None when unset or zero (the router's default)."""
+    seconds = parse_duration(duration) if duration else 0
+    return seconds or None
 
 
 def _without_none(data: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ handler cancellation on, so a client disconnect cancels the upstream calls).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -28,7 +29,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from boomerang.connector import router_state
-from boomerang.router import apis, auth, degraded, failover, logs
+from boomerang.router import apis, auth, degraded, failover, hints, logs, sessions
 from boomerang.router import conversation as conv
 from boomerang.router.admission import InflightLimit, Overloaded
 from boomerang.router.claims import Claims
@@ -45,7 +46,7 @@ from boomerang.router.metrics import Metrics
 from boomerang.router.store import ConversationStore, MemoryStore
 from boomerang.router.tuning import TuningReload
 from boomerang.router.upstream import EngineClient, UpstreamError, get_json, post_json, timeout
-from boomerang.router.validation import Kind, check_model, parse_json
+from boomerang.router.validation import ClientRequest, Kind, check_model, parse_json
 
 log = logging.getLogger("boomerang.router")
 
@@ -273,7 +274,7 @@ def _completions(kind: Kind) -> Any:
             tenant = _tenant(request)
             with request.app[INFLIGHT].slot():
                 data = parse_json(await _read_body(request, config.max_request_bytes))
-                req = apis.validate(kind, data, request.headers.get("X-Conversation-Id"))
+                req = _client_request(kind, data, request, metrics)
                 check_model(req.model, config.model)
                 router = request.app[ROUTER]
                 response: web.StreamResponse = await router.handle(request, req, tenant)
@@ -292,6 +293,30 @@ def _completions(kind: Kind) -> Any:
             metrics.requests.labels(outcome).inc()
 
     return handler
+
+
+def _client_request(
+    kind: Kind, data: dict[str, Any], request: web.Request, metrics: Metrics
+) -> ClientRequest:
+    """The body checked the API's way, with what names the conversation (`sessions.py`) and the
+    client's retention hint, capped (`hints.py`); a hint over the cap is counted and logged,
+    never refused."""
+    config = request.app[CONFIG]
+    req = apis.validate(kind, data, request.headers.get("X-Conversation-Id"))
+    names = config.session_headers
+    session = sessions.identify(req.conversation_id, request.headers, names, data)
+    asked = hints.asked_s(kind, data)
+    cap = config.tuning.retention_max_client_s
+    retention = hints.cap(asked, cap, config.decoder_blocks_ttl_s)
+    if retention is not None:
+        metrics.retention_hint.observe(retention.asked_s)
+        if retention.capped:
+            metrics.retention_hints_capped.inc()
+            log.info(
+                "Capped retention hint",
+                extra={"asked_s": retention.asked_s, "applied_s": retention.applied_s},
+            )
+    return dataclasses.replace(req, session=session, retention=retention)
 
 
 def _error_response(api: apis.Api, exc: ApiError) -> web.Response:

@@ -27,6 +27,16 @@ from boomerang.connector.config import (
     default_handle_ttl,
 )
 
+DEFAULT_SESSION_HEADERS = (
+    "x-claude-code-session-id",
+    "session_id",
+    "session-id",
+    "x-session-affinity",
+    "x-session-id",
+)
+"""Headers agents send on every turn of one session (Claude Code, Codex, opencode, and vLLM's
+benchmark clients), in the order they are tried (`sessions.py`)."""
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -181,6 +191,13 @@ class Tuning(_Model):
         "continue path only: D's prefix cache still holds the freed blocks until it needs "
         "the room, so a conversation that comes back late can still be served from them.",
     )
+    retention_max_client_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="The longest retention a client's hint may ask for (Anthropic "
+        "`cache_control.ttl`, OpenAI `prompt_cache_retention`); longer hints are capped and "
+        "logged. Default: the decoder TTL. The handle TTL still bounds every lease.",
+    )
 
     @model_validator(mode="after")
     def _bounds_ordered(self) -> Tuning:
@@ -315,6 +332,15 @@ class RouterConfig(_Model):
     kv_events: KvEventsConfig = Field(
         default_factory=KvEventsConfig, description="The engines' KV events and the index."
     )
+    decode_first_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="Decode-first routing (`decode_first.py`), the policy peers ship without "
+        "bidirectional KV: the decoder caching the longest prefix of the prompt (within "
+        "decode_affinity_slack of the least loaded) serves the turn alone when fewer than this "
+        "many prompt tokens are not in its cache; otherwise P prefills and it decodes. Needs "
+        "bidirectional false and the KV events; unset: off.",
+    )
     affinity_ttl_s: float = Field(
         default=900.0,
         gt=0,
@@ -323,6 +349,12 @@ class RouterConfig(_Model):
     fingerprint_conversations: bool = Field(
         default=True,
         description="Find a conversation by its content when the client sends no conversation_id.",
+    )
+    session_headers: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_SESSION_HEADERS),
+        description="Request headers that name an agent's session (first present wins, after "
+        "conversation_id and X-Conversation-Id, before the body's prompt_cache_key): the "
+        "session names the conversation in the caller's tenant. Empty: headers name nothing.",
     )
     decode_stream_params: Literal["auto", "yes", "no"] = Field(
         default="auto",
@@ -352,6 +384,15 @@ class RouterConfig(_Model):
     )
     _source: Path | None = PrivateAttr(default=None)
     """The YAML file this config was loaded from (`tuning.py` re-reads its `tuning`)."""
+
+    @model_validator(mode="after")
+    def _decode_first_without_handles(self) -> RouterConfig:
+        if self.decode_first_tokens is not None and self.bidirectional:
+            raise ValueError(
+                "decode_first_tokens is a policy without D's handles: set bidirectional false "
+                "(Boomerang's adaptive tuning continues on D by cost instead)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _ttl_below_decoder(self) -> RouterConfig:
@@ -408,6 +449,7 @@ _ENV_SCALARS: dict[str, tuple[str, ...]] = {
     "BOOMERANG_ROUTER_HANDLE_TTL_S": ("handle_ttl_s",),
     "BOOMERANG_ROUTER_RECOMPUTE_THRESHOLD": ("recompute_threshold",),
     "BOOMERANG_ROUTER_PARTIAL_REUSE": ("partial_reuse",),
+    "BOOMERANG_ROUTER_DECODE_FIRST_TOKENS": ("decode_first_tokens",),
     "BOOMERANG_ROUTER_TUNING_MODE": ("tuning", "mode"),
     "BOOMERANG_ROUTER_SINGLE_ENGINE_FALLBACK": ("single_engine_fallback",),
     "BOOMERANG_ROUTER_LOG_LEVEL": ("log_level",),

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 from aiohttp import HttpVersion11, web
 
-from boomerang.router import apis, protocol, sse
+from boomerang.router import apis, protocol, sse, usage
 from boomerang.router.apis import DecodeResult, EventStream
 from boomerang.router.config import Timeouts
 from boomerang.router.upstream import (
@@ -29,7 +29,7 @@ from boomerang.router.upstream import (
     post_json,
     timeout,
 )
-from boomerang.router.validation import ClientRequest
+from boomerang.router.validation import ClientRequest, Kind
 
 
 class ClientGone(Exception):
@@ -49,9 +49,11 @@ async def call_and_answer(
     mode: str,
     t: Timeouts,
     on_first: Callable[[], None],
+    cached: usage.Cached = "own",
 ) -> DecodeResult:
     """POST `call` (url, body, request id) to an engine and answer the client in `mode`
-    (json, buffer, stream); raises UpstreamError while the client has not got a byte."""
+    (json, buffer, stream); raises UpstreamError while the client has not got a byte. The
+    client's usage says `cached` prompt tokens were not computed for the turn (`usage.py`)."""
     url, body, request_id = call
     limit = timeout(t.decode_total_s, t.connect_s)
     api = apis.of(req.kind)
@@ -63,6 +65,7 @@ async def call_and_answer(
             if events is None
             else NamedStreamRelay(events, on_first)
         )
+        relay.reported = (req.kind, cached)
         try:
             return await relay.run(request, resp, t.decode_first_byte_s)
         except (ClientGone, asyncio.CancelledError):
@@ -72,6 +75,7 @@ async def call_and_answer(
             resp.release()
     data = await post_json(engines, url, body, limit, request_id)
     result = api.result_from_response(data)
+    usage.rewrite(req.kind, data, cached, result.params)
     keep = req.wants_token_ids
     if mode == "buffer":
         result.response = await answer_buffered(request, data, keep, req.include_usage, on_first)
@@ -153,6 +157,8 @@ class StreamRelay:
         """Set once the response's headers went out: callbacks write from then on."""
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
+        self.reported: tuple[Kind, usage.Cached] = ("chat", "own")
+        """The API, and the cached tokens its usage reports (`usage.rewrite`)."""
 
     async def run(
         self, request: web.Request, resp: EngineStream, first_byte_s: float
@@ -339,6 +345,8 @@ class StreamRelay:
         edited = protocol.strip_for_client(chunk, keep_token_ids=self.keep_ids)
         if params is not None and not choices and chunk.get("usage") is None:
             return None
+        if "usage" in chunk:
+            edited |= usage.rewrite(self.reported[0], chunk, self.reported[1], None)
         return edited
 
     def _collect_choice(self, choice: dict[str, Any]) -> None:
@@ -411,7 +419,9 @@ class NamedStreamRelay(StreamRelay):
         if not isinstance(event, dict):
             self._out += (data, b"\n\n")
             return False
-        if self._named.process(name, event):
+        edited = self._named.process(name, event)
+        edited |= usage.rewrite(self.reported[0], event, self.reported[1], self.result.params)
+        if edited:
             self._out.append(sse.named_event(name, event) if name else sse.event(event))
         else:
             self._out += (data, b"\n\n")

@@ -29,16 +29,18 @@ from typing import Any
 from aiohttp import web
 
 from boomerang.connector.config import CONTINUE_CAPABILITY
-from boomerang.router import apis, degraded
+from boomerang.router import apis, decode_first, degraded
+from boomerang.router import conversation as conv
 from boomerang.router.claims import may_offer
 from boomerang.router.costmodel import Path
 from boomerang.router.endpoints import Endpoint, pairable
 from boomerang.router.errors import ApiError
-from boomerang.router.legs import Alone, LegFailed, leg_for
+from boomerang.router.legs import Alone, DecodeFirst, LegFailed, PrefillDecode, leg_for
 from boomerang.router.plan import Facts, Plan, adaptive_plan, after_failure, static_plan
 from boomerang.router.reuse import REJECTED, Outcome, decide
 from boomerang.router.serving import Serving
 from boomerang.router.settle import settle
+from boomerang.router.store import TakeStatus
 from boomerang.router.turn import Claim, Turn
 from boomerang.router.upstream import post_json, timeout
 from boomerang.router.validation import ClientRequest
@@ -62,6 +64,8 @@ class Router(Serving):
             await self._take(turn)  # 2. the conversation: its placement and handle
             if route != "pd":
                 return await Alone(self, route, why).run(request, turn)
+            if self.config.decode_first_tokens is not None:  # the peers' policy, no handles
+                return await self._decode_first(request, turn)
             self._forgo(turn)  # static: P already holds the history
             claim = self._claim(turn)  # D confirms the handle's lease, meanwhile
             await self._identify(turn)  # the prompt's ids where they help
@@ -99,20 +103,38 @@ class Router(Serving):
         cfg = self.config
         if not ((cfg.bidirectional or cfg.affinity) and turn.req.single_choice):
             return
-        turn.lookup_key = turn.find_key(cfg.fingerprint_conversations)
+        keys = turn.find_keys(cfg.fingerprint_conversations)
+        turn.lookup_key = keys[0] if keys else None
         if cfg.affinity:
-            turn.placement = self.affinity.get(turn.lookup_key, time.time())
-        if turn.lookup_key is None or not cfg.bidirectional:
+            now = time.time()
+            turn.placement = next(
+                (p for key in keys if (p := self.affinity.get(key, now)) is not None), None
+            )
+        if not keys or not cfg.bidirectional:
             return
-        now = time.time()
-        try:
-            status, handle = await self.store.take(turn.lookup_key, now)
-        except Exception as exc:
-            self.metrics.store_errors.labels("take").inc()
-            log.warning("Store take failed", extra={"error": repr(exc)})
-            return
-        self.retention.taken(turn.lookup_key, turn.tenant, now)
+        status, handle = await self._take_first(turn, keys)
         turn.take(status, handle, handle is not None and self.still_held(handle))
+
+    async def _take_first(
+        self, turn: Turn, keys: list[bytes]
+    ) -> tuple[TakeStatus, conv.Handle | None]:
+        """The handle under the first key that has one (a session's, then its fingerprint's);
+        the turn keeps that key, so an unused handle goes back where it was (with none, the
+        first key: where its next turn looks first)."""
+        status: TakeStatus = "missing"
+        for key in keys:
+            now = time.time()
+            try:
+                status, handle = await self.store.take(key, now)
+            except Exception as exc:
+                self.metrics.store_errors.labels("take").inc()
+                log.warning("Store take failed", extra={"error": repr(exc)})
+                return "missing", None
+            self.retention.taken(key, turn.tenant, now)  # every key looked at: as one turn
+            if handle is not None or status == "expired":
+                turn.lookup_key = key
+                return status, handle
+        return status, None
 
     def _forgo(self, turn: Turn) -> None:
         """Static mode: when the P that computed the conversation's last prompt serves this turn
@@ -210,6 +232,31 @@ class Router(Serving):
             return await self.on_prefill(turn, call, first=first)
         except ApiError:  # refused, or no P left: verify nothing, compute the whole prompt
             return None
+
+    async def _decode_first(self, request: web.Request, turn: Turn) -> web.StreamResponse:
+        """Decode-first routing (`decode_first.py`): the decoder caching most of the prompt
+        serves a short remainder alone, else P prefills and that decoder decodes. What each
+        decoder caches comes from the KV index over the prompt's ids; without them (no index,
+        or no P could tokenize) the turn is plain P/D."""
+        candidates = self.decode.candidates()
+        if self.indexed() and candidates:
+            turn.prompt_ids = await self._prompt_ids(turn)
+        hashes = self._hashes(turn)
+        if turn.prompt_ids is not None and hashes is not None and self.kv is not None:
+            inflight = {ep.url: ep.inflight for ep in candidates}
+            cached = self.kv.cached_tokens(hashes, inflight)
+            cfg = self.config
+            assert cfg.decode_first_tokens is not None
+            choice = decode_first.choose(
+                len(turn.prompt_ids), cached, inflight, cfg.decode_first_tokens,
+                cfg.decode_affinity_slack,
+            )  # fmt: skip
+            turn.holder = choice.url  # decode prefers it on either path
+            d_ep = self.decode.get(choice.url)
+            if choice.alone and d_ep is not None:
+                return await DecodeFirst(self, d_ep).run(request, turn)
+        self._choose_prefill(turn)
+        return await PrefillDecode(self).run(request, turn)
 
     # -- 4. plan, 5. run ----------------------------------------------------------------------
 
@@ -309,7 +356,10 @@ class Router(Serving):
             else:
                 # Its lease ended when the turn took it; it starts again. `replaced=None`: a
                 # restore never overwrites a newer handle, so no lease is released for it here.
-                self.retention.filed(turn.lookup_key, handle, turn.tenant, now, replaced=None)
+                hint = turn.req.retention.applied_s if turn.req.retention is not None else None
+                self.retention.filed(
+                    turn.lookup_key, handle, turn.tenant, now, replaced=None, hint_s=hint
+                )
         m = self.metrics
         m.reuse.labels(turn.outcome).inc()
         self.paths.served(turn.path)

@@ -2,7 +2,7 @@
 
 Why it exists: the flow (`flow.py`) and the lease I/O (`leases.Retention`, which releases and
 renews D's blocks through the engines' lease API) are written apart; the flow only needs these
-five calls, so it depends on this protocol, and a router built without retention (tests, the
+six calls, so it depends on this protocol, and a router built without retention (tests, the
 bench, `static` mode's exact old behaviour) gets `NoRetention`, which does nothing.
 
 When the flow calls each one:
@@ -10,7 +10,10 @@ When the flow calls each one:
   from the store): the gap since the last turn can be observed.
 - `filed`: D's new handle for the conversation was stored under `key`; `replaced` is the
   handle that put replaced (the store's `put` returns it atomically: it was in the store, so
-  no turn holds it), None when it replaced none.
+  no turn holds it), None when it replaced none; `hint_s` the client's retention hint, already
+  capped (`hints.py`), which stands in for the learned retention of its lease.
+- `learned_s`: the retention learned for the tenant now (None: nothing learned applies), for
+  the turn's log line.
 - `superseded`: `handle` will never be offered again and no turn holds it (it was taken from
   the store first): D's blocks can be released now, in the background (the turn never waits
   for D's answer, and a handler cancelled after its answer must not cancel it). Reasons:
@@ -32,10 +35,19 @@ class RetentionHooks(Protocol):
     """The calls the flow makes (see the module docstring); `leases.Retention` implements it."""
 
     def filed(
-        self, key: bytes, handle: Handle, tenant: str, now: float, *, replaced: Any = None
+        self,
+        key: bytes,
+        handle: Handle,
+        tenant: str,
+        now: float,
+        *,
+        replaced: Any = None,
+        hint_s: float | None = None,
     ) -> None: ...
 
     def taken(self, key: bytes, tenant: str, now: float) -> None: ...
+
+    def learned_s(self, tenant: str, now: float) -> float | None: ...
 
     def superseded(self, handle: Handle, reason: str) -> None: ...
 
@@ -48,11 +60,21 @@ class NoRetention:
     """Retention that does nothing: D keeps every handle's blocks for its TTL, as before."""
 
     def filed(
-        self, key: bytes, handle: Handle, tenant: str, now: float, *, replaced: Any = None
+        self,
+        key: bytes,
+        handle: Handle,
+        tenant: str,
+        now: float,
+        *,
+        replaced: Any = None,
+        hint_s: float | None = None,
     ) -> None:
         return None
 
     def taken(self, key: bytes, tenant: str, now: float) -> None:
+        return None
+
+    def learned_s(self, tenant: str, now: float) -> float | None:
         return None
 
     def superseded(self, handle: Handle, reason: str) -> None:

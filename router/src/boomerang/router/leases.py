@@ -119,15 +119,23 @@ class Retention:
     # -- what the flow tells it ------------------------------------------------------------
 
     def filed(
-        self, key: bytes, handle: Handle, tenant: str, now: float, *, replaced: Any = UNKNOWN
+        self,
+        key: bytes,
+        handle: Handle,
+        tenant: str,
+        now: float,
+        *,
+        replaced: Any = UNKNOWN,
+        hint_s: float | None = None,
     ) -> None:
         """A handle was stored under `key`. `replaced` is what that put replaced (the store's
         `put` returns it); a replaced lease is released only when its handle was provably in
         the store (then no turn holds it): the replaced handle is its own, or the store is this
-        process's memory store, where `taken` drops a lease in the step its handle left."""
+        process's memory store, where `taken` drops a lease in the step its handle left.
+        `hint_s`, the client's capped hint, replaces the learned retention of this lease."""
         if not self.adaptive:
             return
-        lease = self._lease(key, handle, tenant, now)
+        lease = self._lease(key, handle, tenant, now, hint_s)
         if lease is None:
             return
         old = self.ledger.add(lease, now)
@@ -140,7 +148,9 @@ class Retention:
         if proven:
             self._spawn(self._release_quietly(old.decode_url, old.request_id, "superseded"))
 
-    def _lease(self, key: bytes, handle: Handle, tenant: str, now: float) -> Lease | None:
+    def _lease(
+        self, key: bytes, handle: Handle, tenant: str, now: float, hint_s: float | None
+    ) -> Lease | None:
         if handle.released:
             return None  # D pins nothing for it: no lease to keep or release
         try:
@@ -150,8 +160,16 @@ class Retention:
         rid = request_id_of(params)
         if rid is None:
             return None
-        deadline = min(now + self.retention_s(tenant, now), handle.expires_at)
+        keep_s = self.retention_s(tenant, now) if hint_s is None else hint_s
+        self._metrics.lease_retention.labels("learned" if hint_s is None else "hint").observe(
+            keep_s
+        )
+        deadline = min(now + keep_s, handle.expires_at)  # the handle TTL bounds every lease
         return Lease(key, handle.decode_url, rid, block_count(params), now, deadline, tenant)
+
+    def learned_s(self, tenant: str, now: float) -> float | None:
+        """The learned retention for `tenant` now (adaptive; None in static mode)."""
+        return round(self.retention_s(tenant, now), 3) if self.adaptive else None
 
     def taken(self, key: bytes, tenant: str, now: float) -> None:
         """A turn of the conversation under `key` arrived: its lease ends here (the turn holds

@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from functools import partial
 from typing import Any, Final, Protocol
 
 from aiohttp import web
 
-from boomerang.router import apis, degraded, protocol
+from boomerang.router import apis, degraded, protocol, usage
 from boomerang.router.capabilities import DecodeMode, decode_mode, observe_stream
 from boomerang.router.costmodel import Path
 from boomerang.router.endpoints import Endpoint, Role, compatible
@@ -115,6 +116,7 @@ class PrefillDecode:
         s.metrics.prefill_latency.observe(seconds)
         s.prefill.succeeded(p_ep)
         params: dict[str, Any] | None = protocol.kv_params_of(data)
+        turn.p_cached = usage.answer_cached(turn.req.kind, data)
         if attached is not None:
             turn.spend(accepted=params is not None)
             self._check_prompt_ids(turn, data, p_ep)
@@ -212,6 +214,39 @@ class Continue:
             self.s.paths.observe_continue(computed, turn.first_at - start)
         if finished:
             observe_stream(self.holder, params is not None, time.time())
+
+
+class DecodeFirst:
+    """Decode-first routing's short turn (`decode_first.py`): the decoder that caches most of
+    the prompt serves it as a plain request, computing only what its prefix cache lacks. No
+    handle exists (bidirectional is off): the turn counts as continued on that decoder, and
+    its placement is remembered like any D's."""
+
+    def __init__(self, serving: Serving, d_ep: Endpoint) -> None:
+        self.s, self.d_ep = serving, d_ep
+
+    async def run(self, request: web.Request, turn: Turn) -> web.StreamResponse:
+        s, api = self.s, apis.of(turn.req.kind)
+        body = api.plain_request(turn.req.body)
+        mode: DecodeMode = "stream" if turn.req.stream else "json"
+        turn.planned(Path.CONTINUE)
+
+        async def call(d_ep: Endpoint) -> web.StreamResponse:
+            turn.decode_url = d_ep.url
+            with s.decode.track(d_ep, 1.0):
+                result = await s.answer(request, turn, d_ep, body, mode, "c")
+            s.decode.succeeded(d_ep)
+            turn.continued_on_holder()
+            if result.finished:
+                s.place(turn, result, d_ep)
+            assert result.response is not None
+            return result.response
+
+        def pick(candidates: Sequence[Endpoint]) -> Endpoint:  # after a failure: any D
+            return s.strategy.decode(candidates, None)
+
+        retries = s.config.decode_retries
+        return await s.failover.run(s.decode, pick, call, retries=retries, first=self.d_ep)
 
 
 class Alone:

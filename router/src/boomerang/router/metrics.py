@@ -46,7 +46,9 @@ the tuning bounds, the engine's recompute threshold as a floor);
 `tuning_reloads_total{result=ok|error}` counts re-reads of a changed config file (error: its
 `tuning` section was invalid and the last good one was kept). Retention (`leases.py`):
 `retention_seconds`, `retained_blocks`, `leases_released_total{reason}` (superseded, expired,
-ended, recompute, budget), `lease_errors_total{op}`, `leases_renewed_total`.
+ended, recompute, budget), `lease_errors_total{op}`, `leases_renewed_total`. Clients' hints
+(`hints.py`): `retention_hint_seconds` (as asked), `retention_hints_capped_total`, and
+`lease_retention_seconds{source=hint|learned}` (what each lease was filed with).
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 REUSE_OUTCOMES = ("hit", "partial", "miss", "expired", "rejected", "fallback", "cached")
 PATHS = ("pull", "recompute", "continue")
 RELEASE_REASONS = ("superseded", "expired", "ended", "recompute", "budget")
+RETENTION_SOURCES = ("hint", "learned")
+_RETENTION_BUCKETS = (10, 30, 60, 120, 300, 600, 1800, 3600, 86400)
 _FRACTION_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
 _LATENCY_BUCKETS = (
     0.001,
@@ -212,6 +216,7 @@ class Metrics:
             p + "lease_errors", "Failed lease API calls to D, by operation.", ["op"], registry=r
         )
         self.leases_renewed = Counter(p + "leases_renewed", "D leases renewed.", registry=r)
+        self._hints(r, p)
         self.kv_events = Counter(
             p + "kv_events",
             "Engine KV cache events applied to the index, by type.",
@@ -251,3 +256,26 @@ class Metrics:
             self.tuning_reloads.labels(result)
         for reason in RELEASE_REASONS:
             self.leases_released.labels(reason)
+
+    def _hints(self, r: CollectorRegistry, p: str) -> None:
+        """Clients' retention hints and what each lease got (issue 35)."""
+        self.retention_hint = Histogram(
+            p + "retention_hint_seconds",
+            "Retention asked by a client's hint (cache_control ttl, prompt_cache_retention).",
+            buckets=_RETENTION_BUCKETS,
+            registry=r,
+        )
+        self.retention_hints_capped = Counter(
+            p + "retention_hints_capped",
+            "Clients' retention hints above tuning.retention_max_client_s (capped).",
+            registry=r,
+        )
+        self.lease_retention = Histogram(
+            p + "lease_retention_seconds",
+            "Retention each lease was filed with, by where it came from (hint or learned).",
+            ["source"],
+            buckets=_RETENTION_BUCKETS,
+            registry=r,
+        )
+        for source in RETENTION_SOURCES:
+            self.lease_retention.labels(source)

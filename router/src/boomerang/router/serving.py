@@ -39,6 +39,7 @@ from boomerang.router.paths import PathBook
 from boomerang.router.store import ConversationStore
 from boomerang.router.turn import Turn
 from boomerang.router.upstream import EngineClient, UpstreamError
+from boomerang.router.usage import Cached
 
 log = logging.getLogger("boomerang.router")
 T = TypeVar("T")
@@ -180,8 +181,12 @@ class Serving:
         rid = turn.engine_request_id("s" if turn.alone else stage)
         call = (ep.url + apis.of(turn.req.kind).path, body, rid)
         t = self.config.timeouts
+        # After P, what P did not compute; else (continue, alone) the engine's own count.
+        cached: Cached = "own"
+        if stage == "d" and not turn.alone:
+            cached = "unknown" if turn.p_cached is None else turn.p_cached
         return await call_and_answer(
-            request, self.engines, call, turn.req, mode, t, lambda: self._on_first(turn)
+            request, self.engines, call, turn.req, mode, t, lambda: self._on_first(turn), cached
         )
 
     def _on_first(self, turn: Turn) -> None:
@@ -220,7 +225,10 @@ class Serving:
             log.warning("Store put failed", extra={"error": repr(exc)})
             return False
         self.metrics.handles_stored.inc()
-        self.retention.filed(key, handle, turn.tenant, time.time(), replaced=replaced)
+        now = time.time()
+        hint = turn.req.retention.applied_s if turn.req.retention is not None else None
+        self.retention.filed(key, handle, turn.tenant, now, replaced=replaced, hint_s=hint)
+        turn.retention_learned_s = self.retention.learned_s(turn.tenant, now)
         return True
 
     def place(self, turn: Turn, result: DecodeResult, d_ep: Endpoint) -> None:

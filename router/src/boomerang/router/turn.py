@@ -136,6 +136,11 @@ class Turn:
     """Where the conversation's previous turn ran (`affinity.py`); None: not known."""
     claim: Claim | None = None
     """D's answer to the claim of the taken handle's lease (`claims.py`); None: not asked."""
+    p_cached: int | None = None
+    """What P's answer says it did not compute of the prompt (its prefix-cache hit plus what
+    it pulled from D; `usage.py`); None: P did not say, or no P served the turn."""
+    retention_learned_s: float | None = None
+    """The learned retention in force for the tenant when D's handle was filed (adaptive)."""
 
     # -- the handle's state machine ---------------------------------------------------------
 
@@ -300,22 +305,26 @@ class Turn:
         self.engine_calls += 1
         return f"{self.engine_id_prefix}-{stage}{self.engine_calls}"
 
-    def find_key(self, fingerprint: bool) -> bytes | None:
-        """Where this turn's conversation's handle is: the client's `conversation_id`, else
-        (fingerprints on) the API's fingerprint of its history up to the model's last answer."""
+    def find_keys(self, fingerprint: bool) -> list[bytes]:
+        """Where this turn's conversation's handle may be, in the order to look: the client's
+        `conversation_id` alone; else the agent's session, then (fingerprints on) the API's
+        fingerprint of its history up to the model's last answer (`sessions.py`)."""
         req = self.req
         if req.conversation_id is not None:
-            return conv.id_key(self.tenant, req.conversation_id)
-        if not fingerprint:
-            return None
-        return apis.of(req.kind).lookup_key(self.tenant, req.model, req.body)
+            return [conv.id_key(self.tenant, req.conversation_id)]
+        keys = [conv.id_key(self.tenant, req.session.name)] if req.session is not None else []
+        if fingerprint:
+            found = apis.of(req.kind).lookup_key(self.tenant, req.model, req.body)
+            keys += [found] if found is not None else []
+        return keys
 
     def file_key(self, fingerprint: bool, reply: dict[str, Any] | None) -> bytes | None:
-        """Where the next turn will look: the `conversation_id`, else the messages plus D's
-        `reply` as the client will send it back."""
+        """Where the next turn will look first: the `conversation_id` or the session, else the
+        messages plus D's `reply` as the client will send it back."""
         req = self.req
-        if req.conversation_id is not None:
-            return conv.id_key(self.tenant, req.conversation_id)
+        name = req.conversation_id or (req.session.name if req.session is not None else None)
+        if name is not None:
+            return conv.id_key(self.tenant, name)
         if not fingerprint or not reply:
             return None
         return apis.of(req.kind).file_key(self.tenant, req.model, req.body, reply)
@@ -334,5 +343,12 @@ class Turn:
             "path": str(self.path),
             "chosen": str(self.chosen) if self.chosen is not None else None,
             "prompt_tokens": len(self.prompt_ids) if self.prompt_ids is not None else None,
+            "cached_tokens": self.p_cached,
+            "session": self.req.session.source if self.req.session is not None else None,
+            "retention_hint_s": self.req.retention.asked_s if self.req.retention else None,
+            "retention_hint_applied_s": (
+                self.req.retention.applied_s if self.req.retention else None
+            ),
+            "retention_learned_s": self.retention_learned_s,
             "seconds": round(time.perf_counter() - self.started, 4),
         }

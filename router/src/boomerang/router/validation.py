@@ -17,11 +17,14 @@ from typing import Any, Literal
 import orjson
 
 from boomerang.router.errors import ApiError, bad_request
+from boomerang.router.hints import Retention
+from boomerang.router.sessions import Session
 
 Kind = Literal["chat", "completion", "responses", "messages"]
 
-ROUTER_FIELDS = ("conversation_id",)
-"""Body fields the router consumes and never forwards."""
+ROUTER_FIELDS = ("conversation_id", "prompt_cache_retention")
+"""Body fields the router consumes and never forwards (a retention hint is the router's to
+apply: `hints.py`)."""
 INTERNAL_FIELDS = ("kv_transfer_params", "ec_transfer_params")
 """Engine-internal fields: stripped from client requests and from client responses."""
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -45,6 +48,11 @@ class ClientRequest:
     wants_token_ids: bool
     include_usage: bool
     model: str | None
+    session: Session | None = None
+    """The agent's session naming the conversation when no `conversation_id` does
+    (`sessions.py`)."""
+    retention: Retention | None = None
+    """The client's retention hint, as asked and as capped (`hints.py`)."""
 
     @property
     def single_choice(self) -> bool:

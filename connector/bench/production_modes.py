@@ -1,0 +1,148 @@
+"""What the production benchmark compares, on what, under which load (pure data).
+
+Modes: how a turn is routed and what runs in the engines.
+- Baselines, on stock vLLM engines (`stock.py`: none of Boomerang's code inside, prefix caching
+  on in both roles, bidirectional off):
+  - `vllm-proxy`: vLLM's own toy P/D proxy (round-robin), as a user copying vLLM's example runs;
+  - `plain`: Boomerang's router as a plain P/D proxy, least load, no index;
+  - `affinity`: conversation affinity for P and D and KV-index routing of P;
+  - `decode-first-N`: the policy llm-d (`prefix-based-pd-decider`), Dynamo (conditional
+    disaggregation) and SGLang (decode-side radix cache) ship: the decoder caching the prompt
+    serves it alone when fewer than N tokens are not cached there (`router/.../decode_first.py`).
+- Boomerang, on its own engines (bidirectional on): `static`, and `adaptive`, the default
+  configuration exactly as the API defaults it (nothing tuned for this benchmark).
+
+Regimes: replicas, KV sizes and the conversations' shape. `spare`, `pressure` and `2p1d` are
+the default workload; the sweep adds shapes the default was not tuned to: long first prompts,
+tool-result-sized follow-ups, 4 and 12 clients, and `agentic`, where P's KV is a third of D's
+(as one prefill engine caching the conversations of three decoders), so that P evicts
+histories D still holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Engines = Literal["stock", "boomerang"]
+
+
+@dataclass(frozen=True)
+class Mode:
+    engines: Engines
+    router: dict[str, Any] | None
+    """The router's overrides; None: vLLM's own proxy instead of Boomerang's router."""
+
+    @property
+    def bidirectional(self) -> bool:
+        return self.engines == "boomerang"
+
+
+STOCK_ROUTER = {"bidirectional": False}
+DECODE_FIRST_THRESHOLDS = (16, 128, 512)
+MODES: dict[str, Mode] = {
+    "vllm-proxy": Mode("stock", None),
+    "plain": Mode("stock", {**STOCK_ROUTER, "affinity": False, "kv_events": {"enabled": False}}),
+    "affinity": Mode("stock", {**STOCK_ROUTER, "affinity": True}),
+    **{
+        f"decode-first-{n}": Mode("stock", {**STOCK_ROUTER, "decode_first_tokens": n})
+        for n in DECODE_FIRST_THRESHOLDS
+    },
+    "static": Mode("boomerang", {"tuning": {"mode": "static"}}),
+    "adaptive": Mode("boomerang", {}),
+}
+DEFAULT_MODE = "adaptive"
+BASELINES = tuple(name for name, mode in MODES.items() if mode.engines == "stock")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The client's conversations: vLLM's generator parameters (token ranges, inclusive)."""
+
+    conversations: int = 24
+    clients: int = 8
+    messages: tuple[int, int] = (8, 12)
+    """User and assistant messages per conversation: 4-6 user turns."""
+    first: tuple[int, int] = (1500, 3000)
+    follow_up: tuple[int, int] = (20, 200)
+    answer: tuple[int, int] = (32, 96)
+
+
+@dataclass(frozen=True)
+class Regime:
+    prefill: int = 1
+    decode: int = 1
+    p_blocks: int | None = None
+    d_blocks: int | None = None
+    """KV blocks of 128 tokens per engine (`--num-gpu-blocks-override`); None: the CPU
+    engine's KV space."""
+    max_model_len: int = 16384
+    workload: Workload = field(default_factory=Workload)
+    sweep: bool = False
+    """Part of the sweep (`--sweep`), not of the default sitting."""
+
+
+PRESSURE_BLOCKS = 200
+"""Both engines' KV in the pressure regime (25,600 tokens): 8 concurrent conversations of 2-5k
+tokens plus what D retains exceed it."""
+TOOL = Workload(messages=(4, 8), follow_up=(500, 3000))
+"""Agents' follow-ups: tool results of 500-3,000 tokens, 2-4 user turns (to fit 16k tokens)."""
+REGIMES: dict[str, Regime] = {
+    "spare": Regime(),
+    "pressure": Regime(p_blocks=PRESSURE_BLOCKS, d_blocks=PRESSURE_BLOCKS, max_model_len=8192),
+    "2p1d": Regime(prefill=2),
+    "agentic": Regime(p_blocks=200, d_blocks=600, workload=TOOL, sweep=True),
+    "long-first": Regime(workload=Workload(conversations=16, first=(6000, 12000)), sweep=True),
+    "tool-results": Regime(workload=TOOL, sweep=True),
+    "clients-4": Regime(workload=Workload(clients=4), sweep=True),
+    "clients-12": Regime(workload=Workload(clients=12), sweep=True),
+    "2p2d": Regime(prefill=2, decode=2, sweep=True),
+}
+"""`2p2d` needs four cores (a core per engine: `boomerang.local.placement`); on two cores the
+local runtime refuses it."""
+
+
+def generator_config(w: Workload) -> dict[str, Any]:
+    """vLLM's multi-turn generator JSON for a workload (its text file named `text.txt`)."""
+
+    def uniform(lo_hi: tuple[int, int]) -> dict[str, Any]:
+        return {"distribution": "uniform", "min": lo_hi[0], "max": lo_hi[1]}
+
+    return {
+        "filetype": "generate_conversations",
+        "num_conversations": w.conversations,
+        "text_files": ["text.txt"],
+        "print_stats": False,
+        "prompt_input": {
+            "num_turns": uniform(w.messages),
+            "common_prefix_num_tokens": {"distribution": "constant", "value": 0},
+            "prefix_num_tokens": uniform(w.first),
+            "num_tokens": uniform(w.follow_up),
+        },
+        "prompt_output": {"num_tokens": uniform(w.answer)},
+    }
+
+
+def longest_prompt(w: Workload) -> int:
+    """The longest prompt the workload can send (the stall bound's prefill)."""
+    user_turns = w.messages[1] // 2
+    return w.first[1] + (user_turns - 1) * (w.follow_up[1] + w.answer[1])
+
+
+def abba(modes: list[str], rounds: int) -> list[list[str]]:
+    """One list of `modes` per round, reversed every other round (A B, B A, A B, ...)."""
+    return [list(modes) if r % 2 == 0 else list(modes)[::-1] for r in range(rounds)]
+
+
+def order(modes: list[str], rounds: int) -> list[list[str]]:
+    """Engine sets one after the other, never side by side (they would share cores): stock,
+    Boomerang, stock (ABA, so drift of the host's speed falls on both), modes ABBA within."""
+    stock = abba([m for m in modes if MODES[m].engines == "stock"], rounds)
+    ours = abba([m for m in modes if MODES[m].engines == "boomerang"], rounds)
+    half = (rounds + 1) // 2
+    sets = [
+        [m for r in stock[:half] for m in r],
+        [m for r in ours for m in r],
+        [m for r in stock[half:] for m in r],
+    ]
+    return [s for s in sets if s]

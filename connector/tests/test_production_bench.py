@@ -1,0 +1,136 @@
+"""The production benchmark's pure parts: what a stock baseline engine is started with, the
+order engine sets run in, the idle check's reading of vLLM's metrics, and the report's
+arithmetic (lost turns, TPOT, spread, the strongest baseline per figure)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import engine_watch
+import production_report as report
+import pytest
+import stock
+from production_modes import BASELINES, DEFAULT_MODE, MODES, REGIMES, longest_prompt, order
+
+from boomerang.connector import config as connector
+from boomerang.connector.config import EngineSettings, KVTransferSettings
+
+
+def boomerang_args() -> list[str]:
+    engine = EngineSettings(model="/m", served_model_name="tiny", host="127.0.0.1", port=8100)
+    return connector.engine_args("decode", engine, KVTransferSettings(bidirectional=False))
+
+
+def test_a_stock_engine_gets_the_same_arguments_without_boomerangs_code() -> None:
+    ours = boomerang_args()
+    assert "--middleware" in ours and "--worker-extension-cls" in ours
+    theirs = stock.stock_args(ours)
+    assert "--middleware" not in theirs and "--worker-extension-cls" not in theirs
+    assert not any("boomerang" in a for a in theirs)
+    kv = json.loads(theirs[theirs.index("--kv-transfer-config") + 1])
+    ours_kv = json.loads(ours[ours.index("--kv-transfer-config") + 1])
+    assert kv == {
+        "kv_connector": "NixlConnector",
+        "kv_role": ours_kv["kv_role"],
+        "kv_buffer_device": kv["kv_buffer_device"],
+        "kv_connector_extra_config": {"backends": ["UCX"]},
+    }
+    # Everything else is kept, in order: model, ports, prefix caching, events, template flags.
+    dropped = {"--middleware", "--worker-extension-cls", "--kv-transfer-config"}
+    kept = [a for a in ours if a.startswith("--") and a not in dropped]
+    assert [a for a in theirs if a.startswith("--") and a != "--kv-transfer-config"] == kept
+
+
+def test_a_stock_engine_has_no_plugin_and_no_boomerang_variable() -> None:
+    env = stock.stock_env({"BOOMERANG_ROLE": "decode", "BOOMERANG_KV_CPUS": "1", "A": "b"})
+    assert env == {"A": "b", "VLLM_PLUGINS": ""}
+
+
+def test_engine_sets_never_interleave_and_modes_alternate() -> None:
+    modes = ["vllm-proxy", "affinity", "static", "adaptive"]
+    sets = order(modes, 4)
+    assert [MODES[s[0]].engines for s in sets] == ["stock", "boomerang", "stock"]
+    for s in sets:
+        assert len({MODES[m].engines for m in s}) == 1  # one kind of engine per set
+    assert sets[1] == ["static", "adaptive", "adaptive", "static"] * 2
+    assert sets[0] == ["vllm-proxy", "affinity", "affinity", "vllm-proxy"]
+    runs = [m for s in sets for m in s]
+    assert all(runs.count(m) == 4 for m in modes)
+
+
+def test_the_default_mode_is_the_api_default_untuned() -> None:
+    assert DEFAULT_MODE == "adaptive" and MODES["adaptive"].router == {}
+    assert set(BASELINES) >= {"vllm-proxy", "plain", "affinity", "decode-first-128"}
+    assert all(MODES[b].engines == "stock" for b in BASELINES)
+
+
+def test_every_workload_fits_the_model_length() -> None:
+    for name, regime in REGIMES.items():
+        assert longest_prompt(regime.workload) + 100 <= regime.max_model_len, name
+
+
+def test_idle_reads_running_waiting_and_kv_use_from_vllm_metrics() -> None:
+    page = (
+        '# HELP x\nvllm:num_requests_running{engine="0",model_name="m"} 0.0\n'
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 2.0\n'
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n'
+        "vllm:num_requests_running_total 9\n"
+    )
+    assert engine_watch.busy(page) == {
+        "vllm:num_requests_running": 0.0,
+        "vllm:num_requests_waiting": 2.0,
+        "vllm:kv_cache_usage_perc": 0.25,
+    }
+
+
+def record(turn: int, ttft: float, tpot: float = 20.0, out: int = 40, start: float = 0.0) -> Any:
+    return {
+        "ttft_ms": ttft, "tpot_ms": tpot, "latency_ms": ttft + tpot * out,
+        "start_time_ms": start, "input_num_turns": turn, "output_num_tokens": out,
+    }  # fmt: skip
+
+
+def test_lost_turns_are_counted_and_tpot_skips_one_token_answers() -> None:
+    records = [record(1, 1000), record(3, 100), record(5, 200, tpot=0.0, out=1)]
+    s = report.summarize(records, stall_bound_s=30, expected=5)
+    assert (s["turns"], s["expected"], s["lost"]) == (3, 5, 2)
+    assert s["tpot_s"]["p50"] == pytest.approx(0.02)  # the one-token answer has no TPOT
+    assert s["first_ttft_s"]["p50"] == 1.0
+    assert s["followup_ttft_s"]["p50"] == pytest.approx(0.15)
+
+
+def run(follow_p50: float, wall: float, lost: int = 0) -> dict[str, Any]:
+    return {
+        "summary": {
+            "followup_ttft_s": {"p50": follow_p50, "p90": follow_p50, "p99": follow_p50},
+            "first_ttft_s": {"p50": 1.0, "p90": 1.0, "p99": 1.0},
+            "tpot_s": {"p50": 0.02, "p90": 0.02, "p99": 0.02},
+            "wall_s": wall,
+            "lost": lost,
+            "stalled": 0,
+        }
+    }
+
+
+def test_figures_pool_as_median_with_min_and_max() -> None:
+    pooled = report.pooled([run(0.3, 50), run(0.1, 40), run(0.2, 90)])
+    assert pooled["figures"]["follow-up TTFT p50"] == {"min": 0.1, "median": 0.2, "max": 0.3}
+    assert pooled["figures"]["wall"] == {"min": 40, "median": 50, "max": 90}
+
+
+def test_each_figure_is_compared_with_its_strongest_baseline() -> None:
+    modes = {
+        "a": report.pooled([run(0.5, 40)]),  # the better wall
+        "b": report.pooled([run(0.2, 80)]),  # the better follow-up
+        "mine": report.pooled([run(0.1, 60, lost=1)]),
+    }
+    r = report.ratios(modes, "mine", ["a", "b"])
+    assert r["follow-up TTFT p50"]["baseline"] == "b"
+    assert r["follow-up TTFT p50"]["ratio"] == pytest.approx(0.5)
+    assert r["wall"]["baseline"] == "a" and r["wall"]["ratio"] == pytest.approx(1.5)
+    assert report.met("wall", r["wall"]) is False
+    assert report.met("follow-up TTFT p50", r["follow-up TTFT p50"]) is True
+    assert report.met("lost turns", r["lost turns"]) is False  # one lost turn fails
+    line = report.headline({"spare": modes}, "mine", ["a", "b"])
+    assert "**1.50x vs a**" in line and "0.50x vs b" in line and "**1 (best baseline 0)**" in line
