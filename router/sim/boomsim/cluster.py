@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from boomerang.connector.retained import RetainedBook
+from boomerang.router import decode_first
 from boomerang.router.affinity import Affinity, Placement
 from boomerang.router.endpoints import Endpoint, LeastWorkAffinity
 from boomerang.router.plan import Facts
@@ -30,7 +31,7 @@ from boomsim.kvcache import BlockPool
 from boomsim.legs import Turn
 from boomsim.loop import Loop
 from boomsim.metrics import Metrics
-from boomsim.policies import Path, Planner, Settings, decode_first_alone
+from boomsim.policies import Path, Planner, Settings
 from boomsim.profiles import Profile
 
 
@@ -99,9 +100,16 @@ class Cluster:
             p = self._pick_p(conv, prompt)
             t.p_leg(p, self._pick_d(conv, None), Path.RECOMPUTE)
         elif policy == "decode-first":
-            d = self._by_cache(self.decode, conv, prompt)
-            uncached = prompt - d.cached_tokens(conv, prompt)
-            if decode_first_alone(uncached, self.s.decode_first_threshold):
+            engines = {e.name: e for e in self.decode}
+            choice = decode_first.choose(
+                prompt,
+                {e.name: e.cached_tokens(conv, prompt) for e in self.decode},
+                {e.name: self.eps[e.name].inflight for e in self.decode},
+                self.s.decode_first_threshold,
+                self.s.decode_slack,
+            )
+            d = engines[choice.url]
+            if choice.alone:
                 t.continue_leg(d, None)
             else:
                 t.p_leg(self._pick_p(conv, prompt), d, Path.RECOMPUTE)

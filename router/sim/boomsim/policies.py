@@ -9,10 +9,10 @@ tokens; whether D still holds the lease). The policies:
   engines run without bidirectional transfer), whatever P's own prefix cache holds.
 - `affinity`: the same engines, P and D chosen by `endpoints.LeastWorkAffinity` with what each
   holds (llm-d's and Dynamo's routing).
-- `decode-first`: the decoder first, by what its prefix cache holds and its outstanding work
-  (the same `LeastWorkAffinity.prefill` scoring, over the decoders); the turn runs on it alone
-  when its uncached tokens are below `threshold`, else P prefills and that decoder decodes
-  (llm-d's prefix-based P/D decider; no D->P reuse).
+- `decode-first`: the router's own `decode_first.choose` (llm-d's prefix-based P/D decider):
+  among the decoders within the affinity slack of the least loaded, the one caching the longest
+  prefix; the turn runs on it alone when its uncached tokens are below the threshold, else P
+  prefills and that decoder decodes (no D->P reuse).
 - `static`, `adaptive`: Boomerang (bidirectional transfer on): `plan.static_plan` and
   `plan.adaptive_plan` with the router's own `CostModel`, learning online from the simulated
   legs' times exactly as the router learns from measured ones, and `Tuning`'s defaults.
@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from boomerang.connector.config import default_handle_ttl
-from boomerang.router.config import Tuning
+from boomerang.router.config import RouterConfig, Tuning
 from boomerang.router.costmodel import Bounds, Coefficients, CostModel, Path
 from boomerang.router.plan import Facts, Plan, adaptive_plan, static_plan
 from boomerang.router.retention import GapLearner, RetentionBounds, retention_s
@@ -46,7 +46,9 @@ class Settings:
     recompute_threshold: int = 64
     """P's kv_recompute_threshold (the router's floor)."""
     decode_first_threshold: int = 256
-    """decode-first: run on D alone below this many uncached tokens."""
+    """decode-first: run on D alone below this many uncached tokens (`decode_first_tokens`)."""
+    decode_slack: int = RouterConfig.model_fields["decode_affinity_slack"].default
+    """The router's `decode_affinity_slack` (in-flight requests), its default."""
     decoder_ttl_s: float = 480.0
     itl_budget_s: float | None = None
     """None: the router's default (`Tuning().itl_budget_s`)."""
@@ -134,9 +136,4 @@ def profile_priors(p: Profile) -> Coefficients:
     )
 
 
-def decode_first_alone(uncached: int, threshold: int) -> bool:
-    """decode-first's rule: the decoder serves the turn alone below the threshold (0: never)."""
-    return threshold > 0 and uncached < threshold
-
-
-__all__ = ["POLICIES", "Path", "Planner", "Settings", "decode_first_alone"]
+__all__ = ["POLICIES", "Path", "Planner", "Settings", "profile_priors"]
