@@ -12,7 +12,7 @@ VENV := $(BOOMERANG_CACHE)/venv-dev-$(DEV_HASH)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bench-router bench-router-compare bench-wake bench-calls bench-fit bench-ttft bench-partial bench-agents bench-paths bench-production bench-kvindex bench-retention print-venv dev engine tools redis lua prometheus node images install-yaml check lint types test test-release unit demo cluster cluster-node crds
+.PHONY: sim bench-router bench-router-compare bench-wake bench-calls bench-fit bench-ttft bench-partial bench-agents bench-paths bench-production bench-kvindex bench-retention print-venv dev engine tools redis lua prometheus node images install-yaml check lint types test test-release unit demo cluster cluster-node crds
 
 # The cached venv installs this checkout in editable mode; `.done` records which checkout, so a
 # fresh clone (CI) re-points it at its own files before testing them.
@@ -74,9 +74,10 @@ lint: dev
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 
-# mypy finds `boomerang.*` under each part's src/ (pyproject's mypy_path).
+# mypy finds `boomerang.*` under each part's src/ and the simulator `boomsim` under router/sim
+# (pyproject's mypy_path).
 types: dev
-	$(VENV)/bin/mypy -p boomerang.operator -p boomerang.router -p boomerang.connector -p boomerang.local
+	$(VENV)/bin/mypy -p boomerang.operator -p boomerang.router -p boomerang.connector -p boomerang.local -p boomsim
 
 unit: dev
 	$(PY) -m pytest -m 'not cluster and not engine and not node and not wheels' $(PYTEST_ARGS)
@@ -105,7 +106,7 @@ demo: dev engine
 
 # The benchmarks live beside the parts they measure, outside the installed package; they import
 # the test fakes and the reference P/D client by name. ARGS passes flags (e.g. ARGS=--no-pin).
-BENCH_PATH := router/tests:router/bench:connector/bench
+BENCH_PATH := router/tests:router/bench:router/sim:connector/bench
 bench-router: dev
 	PYTHONPATH=$(BENCH_PATH) $(PY) -m router_bench $(ARGS)
 # This tree's router against commit REF's, runs alternating (router/bench/compare.sh).
@@ -137,6 +138,10 @@ bench-paths: dev engine
 # ARGS="--sweep" adds the sweep's regimes, "--quick" is short, "--publish" writes README/docs.
 bench-production: dev engine
 	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench_production $(ARGS)
+# The P/D cluster simulator (router/sim, docs/simulation.md): the GPU calibration table, the
+# sweep over P:D ratio, sessions, KV and suffix, and its plot; ARGS=--quick for a short sweep.
+sim: dev
+	PYTHONPATH=$(BENCH_PATH) $(PY) -m boomsim $(ARGS)
 # Offline: one agent run's gaps replayed under retention policies (no engine).
 bench-retention: dev
 	PYTHONPATH=$(BENCH_PATH) $(PY) -m retention_frontier $(or $(ARGS),connector/bench/agents-static.json)

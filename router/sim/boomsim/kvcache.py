@@ -1,0 +1,146 @@
+"""An engine's KV blocks: free, in use, pinned by a retained lease, or cached for reuse (LRU).
+
+Why a model per conversation and not per block: every workload here is append-only (a turn's
+prompt extends the previous prompt and answer), so what an engine holds of a conversation is
+one prefix, a count of whole blocks. That keeps a million turns cheap while keeping what
+matters: a prefix-cache hit is the held prefix in whole blocks; eviction takes the least
+recently used conversation's blocks from its tail first (vLLM frees a request's blocks in
+reverse order, so its tail is evicted first); blocks in use or pinned are never evicted.
+
+Invariant (`check`): free + the blocks of every item == capacity.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Final
+
+CACHED: Final = 0
+"""Evictable: in the LRU order."""
+IN_USE: Final = 1
+"""A running request's blocks."""
+PINNED: Final = 2
+"""A retained lease's blocks (D with bidirectional transfer)."""
+
+
+class BlockPool:
+    """Blocks of one engine; items keyed by conversation id: [blocks, state]."""
+
+    __slots__ = ("caching", "capacity", "evicted", "free", "items", "lru")
+
+    def __init__(self, capacity: int, *, caching: bool = True) -> None:
+        self.capacity = capacity
+        self.caching = caching
+        """Prefix caching on: finished requests' blocks stay cached until evicted."""
+        self.free = capacity
+        self.items: dict[int, list[int]] = {}
+        self.lru: OrderedDict[int, None] = OrderedDict()
+        self.evicted = 0
+
+    def held(self, conv: int) -> int:
+        """Blocks of `conv` this engine holds (any state)."""
+        item = self.items.get(conv)
+        return item[0] if item is not None else 0
+
+    def evictable(self) -> int:
+        return sum(self.items[c][0] for c in self.lru)
+
+    def acquire(
+        self, conv: int, blocks: int, yield_leases: Callable[[int], None] | None = None
+    ) -> bool:
+        """A request of `conv` will use `blocks` blocks in all (what it holds counts): take the
+        rest from the free blocks, evicting cached ones and, when `yield_leases` is given,
+        asking leases to yield (it unpins some) when that is still short. False (and nothing
+        taken) when they cannot be found."""
+        item = self.items.get(conv)
+        have = item[0] if item is not None else 0
+        need = blocks - have
+        if item is not None and item[1] == CACHED:
+            del self.lru[conv]  # in use from now: not evictable, nor counted as such
+            item[1] = IN_USE
+        if need > self.free and not self._room(need, yield_leases):
+            if item is not None and item[1] == IN_USE:
+                item[1] = CACHED
+                self.lru[conv] = None
+                self.lru.move_to_end(conv, last=False)  # as old as it was, near enough
+            return False
+        if need > 0:
+            self.free -= need
+        if item is None:
+            self.items[conv] = [max(blocks, 0), IN_USE]
+        else:
+            item[0] = max(have, blocks)
+            item[1] = IN_USE
+        return True
+
+    def _room(self, need: int, yield_leases: Callable[[int], None] | None) -> bool:
+        """Evict cached blocks, least recently used first; when that is short, ask leases to
+        yield the rest (they become cached) and evict again."""
+        self._evict(need)
+        if self.free < need and yield_leases is not None:
+            yield_leases(need - self.free)
+            self._evict(need)
+        return self.free >= need
+
+    def _evict(self, need: int) -> None:
+        lru, items = self.lru, self.items
+        while self.free < need and lru:
+            conv = next(iter(lru))
+            item = items[conv]
+            take = min(item[0], need - self.free)
+            item[0] -= take
+            self.free += take
+            self.evicted += take
+            if item[0] == 0:
+                del lru[conv]
+                del items[conv]
+
+    def release(self, conv: int, keep: int, *, pin: bool = False) -> None:
+        """The request of `conv` finished: keep `keep` whole blocks (cached, or pinned for a
+        lease), free the rest."""
+        item = self.items[conv]
+        keep = min(keep, item[0]) if (self.caching or pin) else 0
+        self.free += item[0] - keep
+        if keep <= 0:
+            del self.items[conv]
+            self.lru.pop(conv, None)
+            return
+        item[0] = keep
+        if pin:
+            item[1] = PINNED
+            self.lru.pop(conv, None)
+        else:
+            item[1] = CACHED
+            self.lru[conv] = None
+            self.lru.move_to_end(conv)
+
+    def unpin(self, conv: int) -> int:
+        """A lease ended (read, released, expired, yielded): its blocks become cached (or free
+        without prefix caching). Returns the blocks it held."""
+        item = self.items.get(conv)
+        if item is None or item[1] != PINNED:
+            return 0
+        blocks = item[0]
+        if self.caching:
+            item[1] = CACHED
+            self.lru[conv] = None
+            self.lru.move_to_end(conv, last=False)  # old: the turn finished a while ago
+        else:
+            del self.items[conv]
+            self.free += blocks
+        return blocks
+
+    def pinned(self) -> int:
+        return sum(b for b, s in self.items.values() if s == PINNED)
+
+    def in_use(self) -> int:
+        return sum(b for b, s in self.items.values() if s == IN_USE)
+
+    def check(self) -> None:
+        """Raise when blocks were created or lost."""
+        total = self.free + sum(b for b, _ in self.items.values())
+        if total != self.capacity or self.free < 0:
+            raise AssertionError(f"blocks not conserved: {total} != {self.capacity}")
+        if set(self.lru) != {c for c, (_, s) in self.items.items() if s == CACHED}:
+            raise AssertionError("LRU order out of step with the cached items")

@@ -1,0 +1,250 @@
+"""What an engine's work costs: one profile per hardware and model (pure, cited constants).
+
+Why: the simulator's answers are only as good as these numbers, so each one is a named field
+with its source in `docs/simulation.md`, and the few efficiency factors that no public source
+gives directly are derived in the open (`h200_qwen3_32b`) from the published figures they were
+fitted to, never tuned by hand against the results they are compared with.
+
+The cost shapes:
+- prefill step: `step_fixed_s` plus, per request in the step, the FLOPs of its `n` new tokens
+  after `ctx` tokens already in KV: `n * linear_flops + attn_flops * n * (ctx + n / 2)` (causal
+  attention), at `peak_flops * mfu`;
+- decode step: `step_fixed_s` plus reading the weights and every running request's KV once, at
+  `hbm_bytes_per_s * mbu`, or its FLOPs if those take longer (large batches);
+- KV transfer: `latency_s + tokens * kv_bytes_per_token / bytes_per_s`, one NIXL read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """One engine type (a model on some hardware). Times in seconds, sizes in bytes."""
+
+    name: str
+    linear_flops: float
+    """FLOPs per token of the weight matmuls (2 x non-embedding parameters)."""
+    attn_flops: float
+    """FLOPs per token per context token of attention (QK^T and AV)."""
+    peak_flops: float
+    mfu: float
+    """Achieved share of `peak_flops` in prefill."""
+    weight_bytes: float
+    kv_bytes_per_token: float
+    hbm_bytes_per_s: float
+    mbu: float
+    """Achieved share of `hbm_bytes_per_s` in a decode step."""
+    step_fixed_s: float
+    """Per engine step: scheduling, launch, tensor-parallel collectives."""
+    request_overhead_s: float
+    """Per turn, before its first leg starts computing: the HTTP round trips, tokenisation and
+    admission that a measured request duration holds beyond its engine steps."""
+    xfer_latency_s: float
+    """Per KV transfer: handshake, descriptor preparation, notification."""
+    xfer_bytes_per_s: float
+    """Effective KV transfer throughput (not the link's line rate)."""
+    pull_fixed_s: float
+    pull_s_per_token: float
+    """What a D->P pull costs P beyond the NIXL read itself (admitting the loaded blocks)."""
+    block_size: int
+    kv_blocks: int
+    """KV capacity per engine in blocks (the sweep overrides it)."""
+    token_budget: int
+    """vLLM's max_num_batched_tokens: tokens one step may compute."""
+    max_running: int
+    """vLLM's max_num_seqs."""
+
+    def prefill_s(self, n: int, ctx: int) -> float:
+        """Compute time of `n` new tokens after `ctx` cached ones (no fixed part)."""
+        flops = n * self.linear_flops + self.attn_flops * n * (ctx + n / 2)
+        return flops / (self.peak_flops * self.mfu)
+
+    def decode_s(self, batch: int, kv_tokens: int) -> float:
+        """One decode step's variable part for `batch` requests holding `kv_tokens` in all."""
+        memory = (self.weight_bytes + kv_tokens * self.kv_bytes_per_token) / (
+            self.hbm_bytes_per_s * self.mbu
+        )
+        compute = (batch * self.linear_flops + self.attn_flops * kv_tokens) / (
+            self.peak_flops * self.mfu
+        )
+        return max(memory, compute)
+
+    def transfer_s(self, tokens: int) -> float:
+        """One NIXL read of `tokens` tokens of KV (0 tokens: no transfer)."""
+        if tokens <= 0:
+            return 0.0
+        return self.xfer_latency_s + tokens * self.kv_bytes_per_token / self.xfer_bytes_per_s
+
+    def pull_s(self, tokens: int) -> float:
+        """A D->P pull of `tokens` tokens as P sees it: the read and what it costs P beyond."""
+        if tokens <= 0:
+            return 0.0
+        return self.transfer_s(tokens) + self.pull_fixed_s + self.pull_s_per_token * tokens
+
+
+# Qwen3-32B's shape (its model card and config.json on the Hugging Face Hub).
+QWEN3_32B_NON_EMBEDDING_PARAMS = 31.2e9
+QWEN3_32B_PARAMS = 32.8e9
+QWEN3_32B_LAYERS = 64
+QWEN3_32B_Q_HEADS = 64
+QWEN3_32B_KV_HEADS = 8
+QWEN3_32B_HEAD_DIM = 128
+# NVIDIA H200 SXM (NVIDIA's datasheet): dense BF16 tensor throughput and HBM3e bandwidth.
+H200_BF16_FLOPS = 989e12
+H200_HBM_BYTES_PER_S = 4.8e12
+H200_HBM_BYTES = 141e9
+# p5en.48xlarge: 8 x H200, 16 EFA interfaces of 200 Gb/s (the seeds' blog's test environment).
+P5EN_GPUS = 8
+P5EN_EFA_LINE_BYTES_PER_S = 16 * 200e9 / 8
+
+# The seeds' published 1P1D run (vLLM blog, 2026-10-12, "Improve TTFT for Multi-Turn Agentic
+# Workloads with Bi-Directional KV Transfer in vLLM"; its sweep script gives the workload):
+# prefix lengths 2k-24k, 10 turns of 150 user and 300 answer tokens, P's prefix cache off.
+PUBLISHED_PREFIX = (2000, 24000)
+PUBLISHED_PREFILL_OFF_S = (0.153, 0.744)
+"""The recompute-only prefill duration at the shortest and longest prefix."""
+PUBLISHED_XFER_S = (0.030, 0.130)
+"""The D->P KV-transfer time at the shortest and longest prefix."""
+PUBLISHED_TURNS, PUBLISHED_USER, PUBLISHED_ANSWER = 10, 150, 300
+
+
+PUBLISHED_PREFILL_ON_S = (0.128, 0.414)
+"""The prefill duration with D->P pulls (transfer included) at the shortest and longest prefix."""
+
+
+def turn_prompts(prefix: int) -> list[int]:
+    """The prompt length of each turn of one of the published conversations."""
+    step = PUBLISHED_USER + PUBLISHED_ANSWER
+    return [prefix + PUBLISHED_USER + k * step for k in range(PUBLISHED_TURNS)]
+
+
+def pulled_tokens(prefix: int) -> list[int]:
+    """What each follow-up pulls from D: the previous prompt and its answer, less the answer's
+    last token (D holds no KV for it)."""
+    return [p + PUBLISHED_ANSWER - 1 for p in turn_prompts(prefix)[:-1]]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFit:
+    """The GPU profile's fitted efficiencies (`calibrate.fit_gpu` derives them)."""
+
+    mfu: float
+    request_overhead_s: float
+    pull_fixed_s: float
+    pull_s_per_token: float
+
+
+GPU_FIT = GpuFit(
+    mfu=0.4356, request_overhead_s=0.03520, pull_fixed_s=0.02310, pull_s_per_token=6.878e-6
+)
+"""Printed by `python -m boomsim fit` (`calibrate.fit_gpu`); a test re-derives it."""
+GPU_STEP_FIXED_S = 0.005
+"""ASSUMED: an engine step's fixed cost (scheduling, launch, TP all-reduce) at TP 8."""
+GPU_MBU = 0.6
+"""ASSUMED: the decode step's share of HBM bandwidth."""
+
+
+def kv_bytes_qwen3_32b() -> int:
+    return 2 * QWEN3_32B_LAYERS * QWEN3_32B_KV_HEADS * QWEN3_32B_HEAD_DIM * 2  # K and V, BF16
+
+
+def nixl_read() -> tuple[float, float]:
+    """The NIXL read's latency (s) and throughput (bytes/s), from the published transfer times
+    at 2k and 24k over the mean tokens pulled there (two points, a line)."""
+    kv = kv_bytes_qwen3_32b()
+    (lo, hi), (x_lo, x_hi) = PUBLISHED_PREFIX, PUBLISHED_XFER_S
+    b_lo = sum(pulled_tokens(lo)) / (PUBLISHED_TURNS - 1) * kv
+    b_hi = sum(pulled_tokens(hi)) / (PUBLISHED_TURNS - 1) * kv
+    per_byte = (x_hi - x_lo) / (b_hi - b_lo)
+    return x_lo - b_lo * per_byte, 1 / per_byte
+
+
+def h200_qwen3_32b(kv_blocks: int | None = None, fit: GpuFit = GPU_FIT) -> Profile:
+    """Qwen3-32B in BF16 at TP 8 on one p5en.48xlarge per role.
+
+    From public specifications: the model's shape (FLOPs and KV bytes per token), the GPUs'
+    peak BF16 FLOPs and HBM bandwidth, the KV capacity (90 % of HBM less the weights). Fitted,
+    each to a published figure other than the TTFT it is compared with (`calibrate.py`): the
+    NIXL read's latency and throughput to the published transfer times; `mfu` and the per-turn
+    `request_overhead_s` to the recompute-only prefill durations; the pull's cost on P beyond
+    the read (`pull_fixed_s`, `pull_s_per_token`) to the prefill durations with pulls.
+    Assumed: `GPU_STEP_FIXED_S`, `GPU_MBU` (no public Qwen3-32B TP8 step time was found)."""
+    kv_bytes = kv_bytes_qwen3_32b()
+    latency, throughput = nixl_read()
+    usable = P5EN_GPUS * H200_HBM_BYTES * 0.9 - QWEN3_32B_PARAMS * 2
+    return Profile(
+        name="h200-qwen3-32b-tp8",
+        linear_flops=2 * QWEN3_32B_NON_EMBEDDING_PARAMS,
+        attn_flops=4 * QWEN3_32B_LAYERS * QWEN3_32B_Q_HEADS * QWEN3_32B_HEAD_DIM,
+        peak_flops=P5EN_GPUS * H200_BF16_FLOPS,
+        mfu=fit.mfu,
+        weight_bytes=QWEN3_32B_PARAMS * 2,
+        kv_bytes_per_token=kv_bytes,
+        hbm_bytes_per_s=P5EN_GPUS * H200_HBM_BYTES_PER_S,
+        mbu=GPU_MBU,
+        step_fixed_s=GPU_STEP_FIXED_S,
+        request_overhead_s=fit.request_overhead_s,
+        xfer_latency_s=latency,
+        xfer_bytes_per_s=throughput,
+        pull_fixed_s=fit.pull_fixed_s,
+        pull_s_per_token=fit.pull_s_per_token,
+        block_size=16,
+        kv_blocks=kv_blocks if kv_blocks is not None else int(usable / (kv_bytes * 16)),
+        token_budget=8192,
+        max_running=256,
+    )
+
+
+# MEASURED-CONSTANT SLOTS of the CPU engines (docs/measurements.md, docs/benchmarks.md): the
+# 6.6M-parameter local model on vLLM's CPU build. Values marked PENDING are not measured yet.
+CPU_PREFILL_TOKENS_PER_S = 5438.0
+"""`make bench-paths`: prefill measured on P at 1,024 tokens (2-core Xeon, AVX-512)."""
+CPU_CONTINUE_16_S = 0.054
+"""`make bench-paths`: a 16-token suffix continued on D (4,096-token history)."""
+CPU_PULL_4K_S = 0.158
+"""`make bench-paths`: pull of a 4,096-token history with a 16-token suffix (whole TTFT)."""
+CPU_BLOCK_SIZE = 128
+CPU_PRESSURE_BLOCKS = 200
+"""bench_production's pressure regime (both engines)."""
+CPU_DECODE_STEP_S: float | None = None
+"""PENDING: D's decode step at batch 1-8 on the CPU engine (not measured yet)."""
+
+
+def cpu_tiny(kv_blocks: int | None = None) -> Profile:
+    """The local CPU stack's tiny model, from the measured slots above.
+
+    Prefill is linear at the measured speed (`attn_flops` 0: at 6.6M parameters the measured
+    times did not separate attention); the transfer's latency and throughput are split from the
+    measured 4k pull by assuming the pull's fixed cost equals the continue's (both pay an engine
+    step and a request's admission). The decode step is PENDING and uses 20 ms."""
+    peak = 1e12  # a unit: linear_flops below is chosen so that prefill runs at the measured rate
+    step = CPU_DECODE_STEP_S if CPU_DECODE_STEP_S is not None else 0.020
+    xfer_fixed = CPU_CONTINUE_16_S - 16 / CPU_PREFILL_TOKENS_PER_S
+    per_token = max(1e-7, (CPU_PULL_4K_S - 2 * xfer_fixed - 16 / CPU_PREFILL_TOKENS_PER_S) / 4096)
+    kv_bytes = 4096.0  # a unit: throughput below is per token through it
+    return Profile(
+        name="cpu-tiny",
+        linear_flops=peak / CPU_PREFILL_TOKENS_PER_S,
+        attn_flops=0.0,
+        peak_flops=peak,
+        mfu=1.0,
+        weight_bytes=0.0,
+        kv_bytes_per_token=kv_bytes,
+        hbm_bytes_per_s=1.0,
+        mbu=1.0,
+        step_fixed_s=step,
+        request_overhead_s=0.0,
+        xfer_latency_s=xfer_fixed,
+        xfer_bytes_per_s=kv_bytes / per_token,
+        pull_fixed_s=0.0,
+        pull_s_per_token=0.0,
+        block_size=CPU_BLOCK_SIZE,
+        kv_blocks=kv_blocks if kv_blocks is not None else 8192,
+        token_budget=2048,
+        max_running=64,
+    )
+
+
+PROFILES = {"gpu": h200_qwen3_32b, "cpu": cpu_tiny}

@@ -1,0 +1,84 @@
+"""One simulation run: a cluster, a policy, a workload; its summary and its cost.
+
+Why one function: the calibration, the sweep, the speed check and the tests all run the same
+thing with other parameters, so none of them can build a cluster differently."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from boomsim.cluster import Cluster, Topology
+from boomsim.loop import Loop
+from boomsim.policies import Settings
+from boomsim.profiles import Profile
+from boomsim.workload import ClosedLoop, OpenLoop, Send, Turns
+
+
+@dataclass(frozen=True)
+class Load:
+    """How turns arrive: closed-loop clients (rate None) or sessions at `rate` per second."""
+
+    clients: int = 8
+    max_active: int = 8
+    rate: float | None = None
+    seed: int = 0
+
+
+@dataclass
+class Result:
+    summary: dict[str, Any]
+    wall_s: float
+    events: int
+    engines: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def turns_per_wall_s(self) -> float:
+        return float(self.summary["turns"]) / max(self.wall_s, 1e-9)
+
+
+def run(
+    profile: Profile,
+    topo: Topology,
+    settings: Settings,
+    convs: Iterator[Turns],
+    load: Load,
+    *,
+    check: bool = False,
+) -> Result:
+    """Simulate until every conversation is done; `check` verifies block conservation on
+    every engine at the end (tests)."""
+    loop = Loop()
+    cluster = Cluster(loop, profile, topo, settings)
+    if load.rate is None:
+        ClosedLoop(loop, _send(cluster), convs, load.clients, load.max_active).start()
+    else:
+        OpenLoop(loop, _send(cluster), convs, load.rate, random.Random(load.seed + 1)).start()
+    start = time.process_time()
+    loop.run()
+    wall = time.process_time() - start
+    engines = {}
+    for e in cluster.prefill + cluster.decode:
+        if check:
+            e.pool.check()
+        engines[e.name] = {
+            "computed": e.computed,
+            "loaded": e.loaded,
+            "busy_s": round(e.busy_s, 3),
+            "evicted_blocks": e.pool.evicted,
+            "lease_ends": dict(sorted(e.lease_ends.items())),
+        }
+    return Result(cluster.metrics.summary(), wall, loop.events, engines)
+
+
+def _send(cluster: Cluster) -> Send:
+    def send(
+        conv: int, index: int, prompt: int, answer: int, done: Callable[[float], None]
+    ) -> None:
+        cluster.metrics.started(cluster.loop.now)
+        cluster.turn(conv, index, prompt, answer, done)
+
+    return send

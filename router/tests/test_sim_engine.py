@@ -1,0 +1,104 @@
+"""One simulated engine against closed-form answers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from boomsim.engine import Engine, Req
+from boomsim.kvcache import BlockPool
+from boomsim.loop import Loop
+from boomsim.profiles import Profile, h200_qwen3_32b
+
+# KV reads cost nothing in a decode step here, so a step's time is exact in closed form.
+P = dataclasses.replace(h200_qwen3_32b(), kv_bytes_per_token=0.0, attn_flops=0.0)
+STEP = P.step_fixed_s
+
+
+def _engine(profile: Profile = P, blocks: int = 100_000) -> tuple[Loop, Engine]:
+    loop = Loop()
+    return loop, Engine("e", "decode", profile, loop, BlockPool(blocks))
+
+
+def _req(conv: int, prompt: int, decode: int, seen: dict[str, list[float]], remote: int = 0) -> Req:
+    def first(r: Req, t: float) -> None:
+        seen.setdefault("first", []).append(t)
+
+    def done(r: Req, t: float) -> None:
+        seen.setdefault("done", []).append(t)
+
+    return Req(conv, prompt, remote, decode, -(-(prompt + decode) // 16), first, done)
+
+
+def test_one_requests_ttft_is_its_prefill_cost() -> None:
+    loop, e = _engine()
+    seen: dict[str, list[float]] = {}
+    e.submit(_req(1, 2000, 1, seen))
+    loop.run()
+    assert seen["first"] == [pytest.approx(STEP + P.prefill_s(2000, 0))]
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_of_the_token_budget() -> None:
+    prof = dataclasses.replace(h200_qwen3_32b(), token_budget=1000)
+    loop, e = _engine(prof)
+    seen: dict[str, list[float]] = {}
+    e.submit(_req(1, 2500, 1, seen))
+    loop.run()
+    chunks = [(1000, 0), (1000, 1000), (500, 2000)]
+    expected = sum(STEP + prof.prefill_s(n, ctx) for n, ctx in chunks)
+    assert seen["first"] == [pytest.approx(expected)]
+
+
+def test_a_queue_of_identical_requests_finishes_one_step_apart() -> None:
+    prof = dataclasses.replace(P, token_budget=1000)
+    loop, e = _engine(prof)
+    seen: dict[str, list[float]] = {}
+    for conv in range(5):
+        e.submit(_req(conv, 1000, 1, seen))
+    loop.run()
+    step = STEP + prof.prefill_s(1000, 0)
+    assert seen["first"] == [pytest.approx(step * (i + 1)) for i in range(5)]
+
+
+def test_decoding_alone_takes_one_step_a_token() -> None:
+    loop, e = _engine()
+    seen: dict[str, list[float]] = {}
+    e.submit(_req(1, 100, 50, seen))
+    loop.run()
+    step = STEP + P.decode_s(1, 0)
+    assert seen["done"][0] - seen["first"][0] == pytest.approx(49 * step)
+
+
+def test_a_request_arriving_mid_run_joins_at_the_next_step() -> None:
+    loop, e = _engine()
+    seen: dict[str, list[float]] = {}
+    e.submit(_req(1, 100, 100, seen))
+    first = STEP + P.prefill_s(100, 0)
+    decode = STEP + P.decode_s(1, 0)
+    at = first + 10.5 * decode
+    loop.at(at, lambda _: e.submit(_req(2, 100, 2, seen)))
+    loop.run()
+    joined = first + 11 * decode  # the step under way ends, then the newcomer's prefill step
+    assert seen["first"][1] == pytest.approx(joined + STEP + P.decode_s(1, 0) + P.prefill_s(100, 0))
+    # The first request lost exactly that one longer step.
+    assert seen["done"][-1] == pytest.approx(
+        first + 99 * decode + P.prefill_s(100, 0) + (P.decode_s(2, 0) - P.decode_s(1, 0))
+    )
+
+
+def test_a_remote_load_is_read_before_the_request_computes() -> None:
+    loop, e = _engine()
+    seen: dict[str, list[float]] = {}
+    e.submit(_req(1, 4001, 1, seen, remote=4000))
+    loop.run()
+    assert seen["first"] == [pytest.approx(P.transfer_s(4000) + STEP + P.prefill_s(1, 4000))]
+    assert e.loaded == 4000 and e.computed == 1
+
+
+def test_a_prefill_engine_recomputes_a_load_below_its_threshold() -> None:
+    loop = Loop()
+    e = Engine("p", "prefill", P, loop, BlockPool(1000), recompute_threshold=64)
+    seen: dict[str, list[float]] = {}
+    e.submit(_req(1, 100, 1, seen, remote=63))
+    loop.run()
+    assert e.loaded == 0 and e.computed == 100

@@ -1,0 +1,112 @@
+"""The simulated router decides as the router does: plan.py's planners on the same facts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from boomsim import policies
+from boomsim.cluster import Topology
+from boomsim.policies import POLICIES, Settings
+from boomsim.profiles import h200_qwen3_32b
+from boomsim.run import Load, run
+from boomsim.workload import MULTI_TURN, Shape, stream
+
+from boomerang.router.costmodel import Shape as CostShape
+from boomerang.router.costmodel import decide
+from boomerang.router.plan import Facts, Plan, static_plan
+
+SMALL = h200_qwen3_32b(kv_blocks=2_000)
+"""32k tokens of KV per engine: eight conversations of 2-4k tokens and their leases exceed it."""
+
+
+def _recorded(monkeypatch: pytest.MonkeyPatch) -> list[tuple[Facts, Plan, Any]]:
+    seen: list[tuple[Facts, Plan, Any]] = []
+    original = policies.Planner.plan
+
+    def plan(self: policies.Planner, facts: Facts) -> Plan:
+        coefficients = self.model.coefficients()
+        out = original(self, facts)
+        seen.append((facts, out, coefficients))
+        return out
+
+    monkeypatch.setattr(policies.Planner, "plan", plan)
+    return seen
+
+
+def test_static_decides_as_plan_static_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _recorded(monkeypatch)
+    topo = Topology(1, 1, p_caching=False)
+    r = run(SMALL, topo, Settings("static"), stream(MULTI_TURN, 40, 1), Load(8, 8), check=True)
+    assert len(seen) == r.summary["turns"]
+    for facts, plan, _ in seen:
+        assert plan == static_plan(facts, 64)
+    chosen: dict[str, int] = {}
+    for _, plan, _ in seen:
+        chosen[plan.choice.value] = chosen.get(plan.choice.value, 0) + 1
+    assert r.summary["paths"] == dict(sorted(chosen.items()))  # each turn ran what was chosen
+    assert r.summary["paths"].get("pull", 0) > 0
+
+
+def test_adaptive_decides_as_the_cost_model_with_what_it_learned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen = _recorded(monkeypatch)
+    settings = Settings("adaptive", itl_budget_s=0.5)
+    r = run(SMALL, Topology(1, 2), settings, stream(MULTI_TURN, 40, 2), Load(8, 8), check=True)
+    bounds = policies.Planner(settings).bounds
+    learned = 0
+    for facts, plan, c in seen:
+        shape = CostShape(
+            facts.prompt_tokens,
+            facts.reusable_tokens,
+            facts.holder_continues,
+            facts.pullable,
+            p_cached_tokens=facts.p_cached_tokens,
+            d_held_tokens=facts.d_held_tokens,
+        )
+        assert plan.choice is decide(c, shape, bounds).path
+        learned += c.observations["prefill"] > 0
+    assert learned > 0, "the cost model never learned: the test compared priors only"
+    assert set(r.summary["paths"]) >= {"continue"}
+
+
+@pytest.mark.parametrize("threshold, continued", [(0, False), (10**6, True)])
+def test_decode_first_runs_on_the_decoder_alone_below_its_threshold(
+    threshold: int, continued: bool
+) -> None:
+    settings = Settings("decode-first", decode_first_threshold=threshold)
+    r = run(SMALL, Topology(1, 2), settings, stream(MULTI_TURN, 10, 3), Load(4, 4))
+    paths = r.summary["paths"]
+    assert (paths.get("continue", 0) == r.summary["turns"]) is continued
+    assert (r.engines["p0"]["computed"] == 0) is continued
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_blocks_are_conserved_under_memory_pressure_in_every_policy(policy: str) -> None:
+    shape = Shape(first=(3000, 5000))
+    r = run(SMALL, Topology(1, 1), Settings(policy), stream(shape, 30, 4), Load(8, 8), check=True)
+    assert r.summary["turns"] > 0
+    evicted = sum(e["evicted_blocks"] for e in r.engines.values())
+    assert evicted > 0, "no pressure: the run did not test what it says"
+    if policy in policies.BIDIRECTIONAL:
+        assert r.engines["d0"]["lease_ends"].get("yielded", 0) > 0
+
+
+def test_plain_without_p_cache_recomputes_every_prompt_on_p() -> None:
+    convs = list(stream(MULTI_TURN, 12, 5))
+    r = run(SMALL, Topology(1, 1, p_caching=False), Settings("plain"), iter(convs), Load(4, 4))
+    assert r.engines["p0"]["computed"] == sum(p for turns in convs for p, _, _ in turns)
+
+
+@pytest.mark.parametrize(
+    "think_s, path, end", [(10.0, "pull", "read"), (600.0, "recompute", "expired")]
+)
+def test_a_lease_serves_a_pull_until_ds_ttl_ends_it(think_s: float, path: str, end: str) -> None:
+    conv = [(3000, 100, 0.0), (3200, 100, think_s)]
+    topo = Topology(1, 1, p_caching=False)
+    r = run(SMALL, topo, Settings("static"), iter([conv]), Load(rate=1.0), check=True)
+    expected = {"pull": 1, "recompute": 1} if path == "pull" else {"recompute": 2}
+    assert r.summary["paths"] == expected
+    assert r.engines["d0"]["lease_ends"].get(end, 0) >= 1
+    assert r.engines["p0"]["loaded"] == (3099 if path == "pull" else 0)
