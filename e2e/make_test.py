@@ -113,6 +113,7 @@ def main(argv: list[str]) -> int:
     ok = ok and phases.run("lint", [MAKE, "-s", "lint"])
     ok = ok and phases.run("types", [MAKE, "-s", "types"])
     suites: dict[str, float] = {}
+    outcomes: dict[str, int] = {}
     if ok:
         with tempfile.TemporaryDirectory() as tmp:
             report = Path(tmp) / "suites.json"
@@ -120,9 +121,22 @@ def main(argv: list[str]) -> int:
             ok = phases.run("pytest", [venv_python(), "-m", "pytest", "-p", "pytest_phases",
                                        *argv], env=env)  # fmt: skip
             if report.exists():
-                suites = json.loads(report.read_text())
+                found = json.loads(report.read_text())
+                suites, outcomes = found["suites"], found["outcomes"]
     print("\n" + table(phases, suites, time.monotonic() - started), flush=True)
+    if outcomes:  # pytest's counts once more, as the log's last line
+        print(closing_line(outcomes), flush=True)
     return 0 if ok else 1
+
+
+def closing_line(outcomes: dict[str, int]) -> str:
+    """`pytest: N passed, N failed[, N skipped][, N errors]`."""
+    line = f"pytest: {outcomes.get('passed', 0)} passed, {outcomes.get('failed', 0)} failed"
+    if outcomes.get("skipped"):
+        line += f", {outcomes['skipped']} skipped"
+    if outcomes.get("error"):
+        line += f", {outcomes['error']} errors"
+    return line
 
 
 if __name__ == "__main__":
