@@ -21,6 +21,7 @@ import html.parser
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -274,6 +275,18 @@ def generate(
 def expected_turns(conversations: Sequence[Mapping[str, Any]]) -> int:
     """The requests the client sends for these conversations: one per user message."""
     return sum(1 for c in conversations for m in c["messages"] if m.get("role") == "user")
+
+
+DONE_LINE = re.compile(r"num_successes=(\d+), num_failures=(\d+)")
+
+
+def answered(log_text: str) -> int | None:
+    """How many turns the client's processes say they completed (each logs
+    `num_successes=N, num_failures=M` when it is done); None when none said. The client gathers
+    its per-request records through a multiprocessing queue that it drains while `empty()` is
+    false, which can leave a record behind: a turn answered but not recorded is not lost."""
+    found = DONE_LINE.findall(log_text)
+    return sum(int(ok) for ok, _ in found) if found else None
 
 
 def run(

@@ -71,10 +71,15 @@ def _spread(values: Sequence[float]) -> dict[str, float | None]:
 
 
 def summarize(
-    records: Sequence[Mapping[str, Any]], stall_bound_s: float, expected: int | None = None
+    records: Sequence[Mapping[str, Any]],
+    stall_bound_s: float,
+    expected: int | None = None,
+    answered: int | None = None,
 ) -> dict[str, Any]:
     """TTFT (first turns, follow-ups), TPOT, end-to-end latency, wall, turns/s, stalls and lost
-    turns (`expected` less those recorded), in s."""
+    turns (`expected` less those the client answered, or less those recorded when it did not
+    say), in s."""
+    done = len(records) if answered is None else max(answered, len(records))
     first = [r["ttft_ms"] / 1000 for r in records if r["input_num_turns"] <= 1]
     follow = [r["ttft_ms"] / 1000 for r in records if r["input_num_turns"] > 1]
     tpot = [r["tpot_ms"] / 1000 for r in records if r.get("output_num_tokens", 0) > 1]
@@ -84,8 +89,9 @@ def summarize(
     wall = max(ends) - min(starts) if records else 0.0
     return {
         "turns": len(records),
-        "expected": expected if expected is not None else len(records),
-        "lost": max(0, expected - len(records)) if expected is not None else 0,
+        "answered": done,
+        "expected": expected if expected is not None else done,
+        "lost": max(0, expected - done) if expected is not None else 0,
         "first_ttft_s": _spread(first),
         "followup_ttft_s": _spread(follow),
         "tpot_s": _spread(tpot),

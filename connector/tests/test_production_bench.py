@@ -143,3 +143,17 @@ def test_publishing_replaces_only_what_lies_between_the_markers() -> None:
     )
     with pytest.raises(ValueError, match="not found"):
         report.splice("no markers", "<!-- a -->", "<!-- b -->", "new")
+
+
+def test_a_turn_answered_but_not_recorded_is_not_lost() -> None:
+    import multiturn_client
+
+    log = (
+        "[INFO] - Client 6 is done (num_successes=9, num_failures=0)\n"
+        "[INFO] - Client 2 is done (num_successes=10, num_failures=1)\n"
+    )
+    assert multiturn_client.answered(log) == 19
+    assert multiturn_client.answered("no client finished") is None
+    records = [record(1, 100.0)] * 18
+    s = report.summarize(records, stall_bound_s=30, expected=20, answered=19)
+    assert (s["turns"], s["answered"], s["lost"]) == (18, 19, 1)
