@@ -303,7 +303,12 @@ def readme_block(res: Mapping[str, Any]) -> str:
         width=96,
     )
     table_ = headline(res["pooled"], res["default_mode"], res["baselines"])
-    return "\n".join([prose, "", table_, "", CAUSES_HINT])
+    after = (
+        f"{CAUSES_HINT} `make bench-production` reproduces it; the method, every mode's "
+        "figures with their spread, and the earlier sittings: `docs/benchmarks.md`."
+    )
+    chart_ = "![First-turn and follow-up TTFT per mode and regime](connector/bench/production.png)"
+    return "\n".join([prose, "", table_, "", textwrap.fill(after, width=96), "", chart_])
 
 
 def splice(text: str, start: str, end: str, block: str) -> str:
