@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -121,6 +122,15 @@ class Engines:
         return [*self.prefill, *self.decode]
 
 
+def pinned(spec: processes.ProcessSpec, cpu: int) -> processes.ProcessSpec:
+    """The engine with every process on its own core (`taskset`), as a pod's cpuset keeps a
+    pod's processes: placement pins only an engine's compute threads, so its API server and
+    engine core would float onto the other engine's core (a decoder stepping continuously then
+    takes CPU from the prefill engine, which no pod on its own node can do). Both engine sets,
+    stock and Boomerang's, run so."""
+    return dataclasses.replace(spec, cmd=["taskset", "-c", str(cpu), *spec.cmd])
+
+
 @contextlib.contextmanager
 def engines(
     dd: Any,
@@ -128,10 +138,12 @@ def engines(
     log: Any = print,
     ports: stack.LocalPorts = PORTS,
     stock_engines: bool = False,
+    pin: bool = False,
 ) -> Iterator[Engines]:
     """Every engine replica `dd` asks for, placed as `boomerang up` places them (ports and a
     core per replica, `boomerang.local.placement`): Boomerang's engines with their lease API
-    on, or (`stock_engines`) stock vLLM engines with the same arguments (`stock.py`)."""
+    on, or (`stock_engines`) stock vLLM engines with the same arguments (`stock.py`); `pin`:
+    every process of an engine on its core (`pinned`)."""
     run_dir = Path(tempfile.mkdtemp(prefix="boomerang-bench-production-"))
     env = dict(os.environ)
     stack.build_model(venv, dd.spec.model.source, env)
@@ -146,6 +158,8 @@ def engines(
         )  # fmt: skip
         if stock_engines:
             spec = stock.stock_spec(spec, venv, r.cpu, run_dir)
+        if pin:
+            spec = pinned(spec, r.cpu)
         specs.append(spec)
         es.started.append(stock.describe(spec))
         (es.prefill if r.role == "prefill" else es.decode).append(r.url)
@@ -428,7 +442,7 @@ def regime_runs(s: Sitting, regime: str) -> None:
     for names in order(list(s.args.modes), s.args.rounds):
         stock_set = MODES[names[0]].engines == "stock"
         dd = manifest(spec, bidirectional=not stock_set)
-        with engines(dd, s.venv, s.log, stock_engines=stock_set) as es:
+        with engines(dd, s.venv, s.log, stock_engines=stock_set, pin=True) as es:
             s.engine_sets.append({"regime": regime, "stock": stock_set, "engines": es.started})
             timing = timing_for(s, es, spec)
             s.engine_sets[-1]["p_tokens_per_s_at_1024"] = timing["p_tokens_per_s_at_1024"]
