@@ -65,6 +65,8 @@ class Core:
         self.handled.append((request_type, request))
         if request_type == "ADD":
             self.scheduler.requests[request] = Request(finished=False)
+        if request == "state":  # a utility that only reads, as the lease API's poll
+            idle_loop.needs_no_step(self)
 
     def _process_input_queue(self) -> None:
         while not self.has_work():
@@ -104,6 +106,15 @@ def test_an_input_wakes_a_waiting_engine_at_once_and_is_handled() -> None:
     threading.Timer(0.05, core.input_queue.put, [("UTILITY", "release")]).start()
     assert timed(core._process_input_queue) < PERIOD * 0.7
     assert core.handled == [("UTILITY", "release")]
+
+
+def test_a_utility_call_that_needs_no_step_is_answered_and_the_wait_goes_on() -> None:
+    core = retaining(Hooked())
+    core._process_input_queue()
+    threading.Timer(0.05, core.input_queue.put, [("UTILITY", "state")]).start()
+    assert timed(core._process_input_queue) < PERIOD * 0.7  # answered at once
+    assert core.handled == [("UTILITY", "state")]
+    assert timed(core._process_input_queue) >= PERIOD * 0.9  # no step was owed for it
 
 
 def test_an_input_handled_during_the_step_gets_the_next_step_at_once() -> None:
@@ -181,3 +192,26 @@ def test_apply_patches_vllms_engine_loop_once_and_zero_turns_it_off(
     assert idle_loop.apply({}) == 30.0
     assert cls._process_input_queue is wrapped  # not wrapped twice
     assert getattr(cls._handle_client_request, "__boomerang_idle__", False)
+
+
+@pytest.mark.parametrize(("op", "quiet"), [("state", True), ("claim", True), ("yield", False)])
+def test_the_lease_apis_reads_and_claims_need_no_step_but_a_yield_does(
+    op: str, quiet: bool
+) -> None:
+    from boomerang.connector import pressure
+
+    owner = types.SimpleNamespace()
+    connector = types.SimpleNamespace(connector_scheduler=owner)
+    scheduler = types.SimpleNamespace(connector=connector, requests={}, kv_cache_manager=None)
+    core = retaining(Hooked())
+    core._process_input_queue()  # the loop stepped
+    core.scheduler = scheduler  # type: ignore[assignment]
+    core._handle_client_request = types.MethodType(  # type: ignore[method-assign]
+        idle_loop.wrap_handle_client_request(
+            lambda self, kind, args: pressure.retained_utility(self, *args)
+        ),
+        core,
+    )
+    core._handle_client_request("UTILITY", (op, [], 5.0))
+    last_step = vars(core)["_boomerang_last_step"]
+    assert (getattr(core, "_boomerang_last_input", 0.0) < last_step) is quiet

@@ -9,7 +9,9 @@ Why and when: see `idle_policy.py`. This module is where the decision meets vLLM
   on the input queue for at most what is left of the idle period. An input that arrives is
   handled at once and vLLM drains the rest; either way the loop then steps once.
 - `_handle_client_request` notes when the loop last handled an input (wherever vLLM handles it:
-  before a step, during one, or in the wait above), so that input gets its step right away.
+  before a step, during one, or in the wait above), so that input gets its step right away;
+  a utility method that needs no step says so while it runs (`needs_no_step`: the lease API's
+  reads of the retained state, polled every 2 s).
 
 `has_work` is left alone: vLLM also asks it to decide a drain at shutdown and when a pause is
 complete, and those keep vLLM's meaning. The wait is not inside vLLM's watchdog pause (0.33+);
@@ -32,6 +34,7 @@ from boomerang.connector.idle_policy import LoopFacts, idle_step_s, idle_wait_s
 _PATCHED = "__boomerang_idle__"
 _LAST_STEP = "_boomerang_last_step"
 _LAST_INPUT = "_boomerang_last_input"
+_QUIET = "_boomerang_input_needs_no_step"
 Clock = Callable[[], float]
 
 
@@ -87,13 +90,26 @@ def wrap_process_input_queue(original: Any, period: float, clock: Clock = time.m
     return _process_input_queue
 
 
+def needs_no_step(core: Any) -> None:
+    """Called by a utility method while it runs on the engine core: this call need not wake the
+    loop for a step (it reads state, or books what no step acts on). Without it every input
+    wakes the loop: the lease API polls the retained state every 2 s, and a step each time
+    would keep the worker in its spin window (measured: 0.35-0.48 of a core)."""
+    setattr(core, _QUIET, True)
+
+
 def wrap_handle_client_request(original: Any, clock: Clock = time.monotonic) -> Any:
-    """`EngineCoreProc._handle_client_request`, noting when an input was handled."""
+    """`EngineCoreProc._handle_client_request`, noting when an input was handled that needs a
+    step (every input but the utility calls that say they need none)."""
 
     @functools.wraps(original)
     def _handle_client_request(self: Any, request_type: Any, request: Any) -> Any:
-        setattr(self, _LAST_INPUT, clock())
-        return original(self, request_type, request)
+        setattr(self, _QUIET, False)
+        try:
+            return original(self, request_type, request)
+        finally:
+            if not getattr(self, _QUIET, False):
+                setattr(self, _LAST_INPUT, clock())
 
     setattr(_handle_client_request, _PATCHED, True)
     return _handle_client_request
