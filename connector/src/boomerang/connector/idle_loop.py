@@ -7,7 +7,8 @@ Why and when: see `idle_policy.py`. This module is where the decision meets vLLM
   blocking wait when there is no work at all, the queued inputs), then, when the scheduler holds
   only finished requests kept for a later read and nothing came in since the last step, waits
   on the input queue for at most what is left of the idle period. An input that arrives is
-  handled at once and vLLM drains the rest; either way the loop then steps once.
+  handled at once and vLLM drains the rest; then the loop steps once, unless the input needs
+  no step, when the wait goes on for the rest of the period.
 - `_handle_client_request` notes when the loop last handled an input (wherever vLLM handles it:
   before a step, during one, or in the wait above), so that input gets its step right away;
   a utility method that needs no step says so while it runs (`needs_no_step`: the lease API's
@@ -60,16 +61,18 @@ def facts_of(core: Any) -> LoopFacts | None:
         return None
 
 
-def wait_for_input(core: Any, seconds: float) -> None:
-    """Block on the engine's input queue for up to `seconds`; handle what arrives."""
-    inputs = core.input_queue
-    if seconds <= 0 or not isinstance(inputs, queue.Queue):
-        return
+def wait_for_input(core: Any, seconds: float) -> bool:
+    """Block on the engine's input queue for up to `seconds` and handle what arrives; False
+    when the queue is not one this can wait on (the loop then steps, as vLLM's would)."""
+    inputs = getattr(core, "input_queue", None)
+    if not isinstance(inputs, queue.Queue):
+        return False
     try:
         request = inputs.get(timeout=seconds)
     except queue.Empty:
-        return
+        return True
     core._handle_client_request(*request)
+    return True
 
 
 def wrap_process_input_queue(original: Any, period: float, clock: Clock = time.monotonic) -> Any:
@@ -79,10 +82,11 @@ def wrap_process_input_queue(original: Any, period: float, clock: Clock = time.m
     def _process_input_queue(self: Any) -> None:
         original(self)
         last_step = getattr(self, _LAST_STEP, 0.0)
-        last_input = getattr(self, _LAST_INPUT, 0.0)
-        wait = idle_wait_s(facts_of(self), last_step, last_input, clock(), period)
-        if wait > 0:
-            wait_for_input(self, wait)
+        while (
+            wait := idle_wait_s(
+                facts_of(self), last_step, getattr(self, _LAST_INPUT, 0.0), clock(), period
+            )
+        ) > 0 and wait_for_input(self, wait):
             original(self)  # what came in with it; the work is there, so vLLM does not block
         setattr(self, _LAST_STEP, clock())  # the loop steps next
 
