@@ -12,7 +12,7 @@ VENV := $(BOOMERANG_CACHE)/venv-dev-$(DEV_HASH)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: sim bench-router bench-router-compare bench-wake bench-calls bench-fit bench-ttft bench-partial bench-agents bench-paths bench-production bench-kvindex bench-retention print-venv dev engine tools redis lua prometheus node images install-yaml check lint types test test-release unit demo cluster cluster-node crds
+.PHONY: sim bench-router bench-router-compare bench-wake bench-calls bench-fit bench-ttft bench-partial bench-idle bench-agents bench-paths bench-production bench-kvindex bench-retention print-venv dev engine tools redis lua prometheus node images install-yaml check lint types test test-release unit demo cluster cluster-node crds
 
 # The cached venv installs this checkout in editable mode; `.done` records which checkout, so a
 # fresh clone (CI) re-points it at its own files before testing them.
@@ -128,6 +128,9 @@ bench-ttft: dev engine
 	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench_ttft $(ARGS)
 bench-partial: dev engine
 	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench_partial $(ARGS)
+# A decoder that retains blocks and serves nothing: its CPU with the idle wait on and off.
+bench-idle: dev engine
+	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench_idle $(ARGS)
 bench-agents: dev engine
 	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench_agents $(ARGS)
 bench-paths: dev engine

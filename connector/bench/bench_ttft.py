@@ -64,7 +64,7 @@ class Sample:
         return self.ttft_s - self.p_engine_s - self.d_engine_s
 
 
-def bench_manifest(model: str) -> Any:
+def bench_manifest(model: str, ttl: str = "90s") -> Any:
     """examples/local-cpu.yaml with the benchmark's model and a short retention TTL."""
     from boomerang.operator.api import DisaggregatedDeployment
 
@@ -74,7 +74,7 @@ def bench_manifest(model: str) -> Any:
     spec["model"]["dtype"] = "bfloat16"
     # Every finished request pins its blocks on D for the TTL: keep it short so a long sweep
     # does not fill D's cache, and give D room.
-    spec["kvTransfer"]["decoderBlocksTTL"] = "90s"
+    spec["kvTransfer"]["decoderBlocksTTL"] = ttl
     for var in spec["engine"]["env"]:
         if var["name"] == "VLLM_CPU_KVCACHE_SPACE":
             var["value"] = "3"
@@ -294,10 +294,15 @@ def stop_all(pids: list[int]) -> None:
 
 
 def start_engines(
-    dd: Any, run_dir: Path, venv: Path, ports: stack.LocalPorts = PORTS
+    dd: Any,
+    run_dir: Path,
+    venv: Path,
+    ports: stack.LocalPorts = PORTS,
+    env: dict[str, str] | None = None,
 ) -> tuple[dict[str, Any], list[int]]:
-    """P and D as `boomerang up` runs them, lease API on (the run dir's token)."""
-    env = dict(os.environ)
+    """P and D as `boomerang up` runs them, lease API on (the run dir's token); `env` is the
+    engines' base environment (default: this process's)."""
+    env = dict(os.environ) if env is None else env
     stack.build_model(venv, dd.spec.model.source, env)
     token = stack.read_lease_token(run_dir)
     specs = [

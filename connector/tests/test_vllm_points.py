@@ -22,6 +22,23 @@ from boomerang.connector.config import ENGINE_CAPABILITY_METRIC
 from boomerang.connector.vllm_points import Point
 
 SOURCE = """
+import functools
+
+
+def traced(init):
+    @functools.wraps(init)
+    def wrapper(self, *args, **kwargs):
+        return init(self, *args, **kwargs)
+
+    return wrapper
+
+
+class Traced:
+    @traced
+    def __init__(self):
+        self.input_queue = None
+
+
 class Base:
     def __init__(self):
         self._kept: set = set()
@@ -48,6 +65,7 @@ GROUP = "vllm.general_plugins"
 """
 POINTS = (
     Point("fake.mod", "Sched", "t", attributes=("_kept", "other")),
+    Point("fake.mod", "Traced", "t", attributes=("input_queue",)),  # through the decorator
     Point("fake.mod", "Alias.finished", "t", params=("self", "request", "block_ids"), exact=True),
     Point("fake.mod", "Sched.topology", "t", params=("cls",), exact=True),
     Point("fake.mod", "Sched.stream", "t", params=("self", "result_generator"),

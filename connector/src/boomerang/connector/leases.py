@@ -18,7 +18,8 @@ How, with two official vLLM extension points (both set by `config.engine_args` f
   maps vLLM's own reap cleans, and hands the id to the reap of the next engine step (its
   `_reap_expired_send_leases`, wrapped once per worker instance), so the scheduler frees the
   blocks as if P had read them: vLLM's expired counter and warning stay for real expiries.
-  D keeps stepping while finished requests wait on delayed frees, so "next step" is at once.
+  The release reaches D's engine loop as an input, and the loop steps after every input, also
+  while it otherwise waits between idle steps (`idle_loop`), so "next step" is at once.
 
 The RPC runs on the worker's main thread between engine steps, where vLLM itself touches
 these maps, so no lock is needed. Supported: the vLLM releases of `vllm_points.SUPPORTED_VLLM`

@@ -12,7 +12,8 @@ the engine's `RequestOutput`s are observed on their way in (the last non-empty
 `kv_transfer_params` is kept), and each outgoing SSE event whose choices finished gets the field.
 It makes the Responses and Messages answers of the router's P/D requests carry D's params and
 token ids (`api_ids`: vLLM returns neither ids there, nor params on a streamed Messages answer).
-It also applies two CPU fixes measured on the CPU build (`nixl_quiet`, `cpu_pinning`), makes
+It also applies three CPU fixes measured on the CPU build (`nixl_quiet`, `cpu_pinning`, and
+`idle_loop`: an engine that only retains blocks for a later read waits instead of stepping), makes
 D's worker track the blocks of requests D served alone (`own_requests`: without it vLLM 0.32
 never frees them), lets D's retained leases yield to live work when its KV cache is full
 (`pressure`, with the claims that keep that safe), and
@@ -133,6 +134,7 @@ def register() -> None:
         api_ids,
         capability,
         cpu_pinning,
+        idle_loop,
         nixl_quiet,
         own_requests,
         pressure,
@@ -167,6 +169,8 @@ def register() -> None:
     capability.publish(PRESSURE_CAPABILITY, yields)  # the router claims before every pull
     if cpu_pinning.apply():
         logger.debug("boomerang: KV transfer thread pinned per BOOMERANG_KV_CPUS")
+    if period := idle_loop.apply():
+        logger.debug("boomerang: an engine that only retains blocks steps every %g s", period)
     _patch_streams(version)
     for api in api_ids.apply():
         logger.info("boomerang: %s answers now carry D's params and token ids", api)

@@ -31,7 +31,7 @@ import os
 import time
 from typing import Any
 
-from boomerang.connector import leases
+from boomerang.connector import idle_loop, leases
 from boomerang.connector.config import LEASE_TOKEN_ENV
 from boomerang.connector.retained import RetainedBook, blocks_for
 
@@ -233,6 +233,8 @@ def retained_utility(self: Any, op: str, request_ids: Any = None, seconds: Any =
     book = book_of(owner)
     _prune(book, scheduler)
     ids = [str(r) for r in request_ids or ()]
+    if op != "yield":  # only a yield is acted on by the next step (it names the leases)
+        idle_loop.needs_no_step(self)
     if op == "claim":
         return {"supported": True, **book.claim(ids)}
     if op == "unclaim":

@@ -1,9 +1,9 @@
 """Every vLLM internal that Boomerang's plugin patches, calls or relies on, in one list.
 
 Why: the plugin reaches into vLLM's own modules (the stream generators, the NIXL pull
-scheduler, the NIXL worker's lease maps, the CPU platform's NUMA discovery), which vLLM does not
-promise to keep from one release to the next. So the names live here, once, with the signatures
-the plugin assumes, and two readers check them:
+scheduler, the NIXL worker's lease maps, the CPU platform's NUMA discovery, the engine loop),
+which vLLM does not promise to keep from one release to the next. So the names live here, once,
+with the signatures the plugin assumes, and two readers check them:
 
 - the plugin, at engine start (`missing`), by import: on a vLLM where one is gone or changed it
   patches none of vLLM's internals, says so in one log line and publishes its capabilities at 0
@@ -208,6 +208,46 @@ API_IDS = (
 )
 """What `api_ids.py` wraps (checked statically per release; at start it checks them itself and
 says which API it could not patch)."""
+_CORE = "vllm.v1.engine.core"
+IDLE_LOOP = (
+    Point(
+        _CORE,
+        "EngineCoreProc",
+        "idle_loop",
+        attributes=(
+            "input_queue",
+            "engines_running",
+            "process_input_queue_block",
+            "scheduler",
+            "batch_queue",
+        ),
+    ),
+    Point(_CORE, "EngineCoreProc._process_input_queue", "idle_loop", params=("self",), exact=True),
+    Point(
+        _CORE,
+        "EngineCoreProc._handle_client_request",
+        "idle_loop",
+        params=("self", "request_type", "request"),
+        exact=True,
+    ),
+    Point(_CORE, "EngineCoreProc.is_running", "idle_loop", params=("self",), exact=True),
+    Point(
+        "vllm.v1.core.sched.scheduler",
+        "Scheduler",
+        "idle_loop",
+        attributes=("requests", "running", "finished_req_ids", "connector", "ec_connector"),
+    ),
+    Point("vllm.v1.request", "Request.is_finished", "idle_loop", params=("self",), exact=True),
+    Point(
+        "vllm.distributed.kv_transfer.kv_connector.v1.base",
+        "KVConnectorBase_V1.has_pending_push_work",
+        "idle_loop",
+        params=("self",),
+        exact=True,
+    ),
+)
+"""What `idle_loop.py` wraps or reads: the engine loop's input step and input dispatch, and
+what tells that the scheduler holds only finished requests kept for a later read."""
 NUMA_TOPOLOGY = Point(
     "vllm.platforms.cpu",
     "CpuPlatform.discover_numa_topology",
@@ -274,6 +314,7 @@ POINTS: tuple[Point, ...] = (
     ),
     NUMA_TOPOLOGY,
     *PRESSURE,
+    *IDLE_LOOP,
     *API_IDS,
     Point("vllm.v1.metrics.prometheus", "get_prometheus_registry", "revision, capability"),
 )
@@ -376,9 +417,11 @@ def matches(names: list[str], point: Point) -> bool:
 
 
 def init_names(cls: type) -> set[str]:
-    """The attribute names the `__init__` of `cls` and of its bases mention."""
+    """The attribute names the `__init__` of `cls` and of its bases mention (through a
+    decorator's `functools.wraps`, as vLLM's tracing wraps `EngineCoreProc.__init__`)."""
     names: set[str] = set()
     for klass in cls.__mro__:
-        code = getattr(klass.__dict__.get("__init__"), "__code__", None)
+        init = klass.__dict__.get("__init__")
+        code = getattr(inspect.unwrap(init) if callable(init) else None, "__code__", None)
         names.update(getattr(code, "co_names", ()))
     return names
