@@ -498,6 +498,10 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--out", type=Path, default=REPO / "connector" / "bench")
     ap.add_argument("--replot", action="store_true", help="tables and chart from OUT only")
     ap.add_argument(
+        "--exclude", default="",
+        help="with --replot: SERIALS:REASON, runs left out of the pooled figures (kept, marked)",
+    )  # fmt: skip
+    ap.add_argument(
         "--publish", action="store_true",
         help="write the sitting into README.md's headline and docs/benchmarks.md",
     )  # fmt: skip
@@ -521,6 +525,10 @@ def main() -> None:
     result_file = args.out / "production.json"
     if args.replot:
         res = json.loads(result_file.read_text())
+        if args.exclude:
+            serials, _, why = args.exclude.partition(":")
+            report.exclude(res, {int(n) for n in serials.split(",") if n}, why)
+            result_file.write_text(json.dumps(res, separators=(",", ":")))
     else:
         venv = stack.ensure_engine_venv()
         client = multiturn_client.ensure()

@@ -135,6 +135,23 @@ def pooled(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def exclude(res: dict[str, Any], serials: set[int], why: str) -> None:
+    """Leave runs out of the pooled figures (kept under `excluded_runs`, with why): a run the
+    sitting later found disturbed (another process on its cores) is shown, not counted."""
+    kept = [r for r in res["runs"] if r["serial"] not in serials]
+    for run in res["runs"]:
+        if run["serial"] in serials:
+            res.setdefault("excluded_runs", []).append({**run, "excluded_because": why})
+    res["runs"] = kept
+    for regime in list(res["pooled"]):
+        modes = {}
+        for mode in res["pooled"][regime]:
+            runs = [r for r in kept if r["regime"] == regime and r["mode"] == mode]
+            if runs:
+                modes[mode] = pooled(runs)
+        res["pooled"][regime] = modes
+
+
 def strongest(
     modes: Mapping[str, Mapping[str, Any]], baselines: Sequence[str], figure: str
 ) -> tuple[str | None, float | None]:

@@ -157,3 +157,14 @@ def test_a_turn_answered_but_not_recorded_is_not_lost() -> None:
     records = [record(1, 100.0)] * 18
     s = report.summarize(records, stall_bound_s=30, expected=20, answered=19)
     assert (s["turns"], s["answered"], s["lost"]) == (18, 19, 1)
+
+
+def test_excluded_runs_are_kept_but_not_pooled() -> None:
+    runs = [
+        {**run(0.1 * (i + 1), 40), "serial": i, "regime": "spare", "mode": "m"} for i in range(3)
+    ]
+    res: dict[str, Any] = {"runs": runs, "pooled": {"spare": {"m": report.pooled(runs)}}}
+    report.exclude(res, {2}, "a build shared the cores")
+    assert [r["serial"] for r in res["runs"]] == [0, 1]
+    assert res["excluded_runs"][0]["excluded_because"] == "a build shared the cores"
+    assert res["pooled"]["spare"]["m"]["figures"]["follow-up TTFT p50"]["max"] == 0.2
