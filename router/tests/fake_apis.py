@@ -209,8 +209,15 @@ class _Answer:
                 "total_tokens": p + o,
                 "input_tokens_details": details,
             }
-        cache = {"cache_read_input_tokens": self.cached} if with_ids else {}
-        return {"input_tokens": p, "output_tokens": o, **cache}
+        if not with_ids:
+            return {"input_tokens": p, "output_tokens": o}
+        # Anthropic's accounting, as vLLM's Messages usage writes it when prompt-token details
+        # are on: input_tokens leaves out what was read from the cache.
+        return {
+            "input_tokens": p - self.cached,
+            "output_tokens": o,
+            "cache_read_input_tokens": self.cached,
+        }
 
     def json(self, with_ids: bool) -> dict[str, Any]:
         if self.api == "responses":

@@ -60,7 +60,7 @@ def test_messages_split_the_prompt_into_read_created_and_the_rest() -> None:
 def test_own_keeps_the_engine_s_usage_and_unknown_leaves_it() -> None:
     chat: dict[str, Any] = {"usage": {"prompt_tokens": 10}}
     assert not rewrite("chat", chat, "own", None) and chat == {"usage": {"prompt_tokens": 10}}
-    held = {"usage": {"input_tokens": 120, "cache_read_input_tokens": 100}}
+    held = {"usage": {"input_tokens": 20, "cache_read_input_tokens": 100}}  # a 120-token prompt
     assert rewrite("messages", held, "own", D_PARAMS)
     assert held["usage"]["cache_creation_input_tokens"] == 20
     plain: dict[str, Any] = {"usage": {"input_tokens": 120}}

@@ -116,7 +116,10 @@ def _set(kind: str, usage: dict[str, Any], cached: int, params: dict[str, Any] |
         }
         return True
     if kind == "messages":
-        prompt = _int(usage.get("input_tokens")) or 0
+        # Anthropic's accounting (which vLLM's Messages usage follows): input_tokens leaves out
+        # what was read from a cache or written to one, so the prompt is the three together.
+        parts = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
+        prompt = sum(_int(usage.get(part)) or 0 for part in parts)
         read = min(cached, prompt)
         created = max(0, retained_prompt(params, prompt) - read)
         usage["cache_read_input_tokens"] = read
