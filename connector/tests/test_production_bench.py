@@ -60,7 +60,8 @@ def test_engine_sets_never_interleave_and_modes_alternate() -> None:
 
 
 def test_the_default_mode_is_the_api_default_untuned() -> None:
-    assert DEFAULT_MODE == "adaptive" and MODES["adaptive"].router == {}
+    assert DEFAULT_MODE == "adaptive"
+    assert MODES["adaptive"].router == {"tuning": {"mode": "adaptive"}}  # nothing else tuned
     assert set(BASELINES) >= {"vllm-proxy", "plain", "affinity", "decode-first-128"}
     assert all(MODES[b].engines == "stock" for b in BASELINES)
 
