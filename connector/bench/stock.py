@@ -148,8 +148,10 @@ def proxy_spec(
 
 
 def describe(spec: processes.ProcessSpec) -> dict[str, Any]:
-    """What a run records of how an engine was started (no plugin, no middleware: checkable)."""
-    return {"cmd": list(spec.cmd), "VLLM_PLUGINS": spec.env.get("VLLM_PLUGINS")}
+    """What a run records of how an engine was started (no plugin, no middleware: checkable);
+    absolute paths by their last part only, so that the record names no path of the machine."""
+    cmd = [Path(c).name if c.startswith("/") else c for c in spec.cmd]
+    return {"cmd": cmd, "VLLM_PLUGINS": spec.env.get("VLLM_PLUGINS")}
 
 
 if __name__ == "__main__":  # print a role's stock arguments from Boomerang's: a quick look
