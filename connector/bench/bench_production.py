@@ -453,13 +453,7 @@ def regime_runs(s: Sitting, regime: str) -> None:
 
 
 def results(s: Sitting) -> dict[str, Any]:
-    pooled: dict[str, dict[str, Any]] = {}
-    for run in s.runs:
-        pooled.setdefault(run["regime"], {}).setdefault(run["mode"], [])
-    for regime, modes in pooled.items():
-        for mode in modes:
-            runs = [r for r in s.runs if r["regime"] == regime and r["mode"] == mode]
-            modes[mode] = report.pooled(runs)
+    pooled = report.pooled_by_regime(s.runs)
     return {
         "date": time.strftime("%Y-%m-%d"),
         "command": "make bench-production ARGS=" + json.dumps(" ".join(s.args.argv)),

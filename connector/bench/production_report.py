@@ -143,13 +143,19 @@ def exclude(res: dict[str, Any], serials: set[int], why: str) -> None:
         if run["serial"] in serials:
             res.setdefault("excluded_runs", []).append({**run, "excluded_because": why})
     res["runs"] = kept
-    for regime in list(res["pooled"]):
-        modes = {}
-        for mode in res["pooled"][regime]:
-            runs = [r for r in kept if r["regime"] == regime and r["mode"] == mode]
-            if runs:
-                modes[mode] = pooled(runs)
-        res["pooled"][regime] = modes
+    again = pooled_by_regime(kept)
+    res["pooled"] = {regime: again.get(regime, {}) for regime in res["pooled"]}
+
+
+def pooled_by_regime(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every regime's modes pooled (`pooled`), in the order the runs first name them."""
+    groups: dict[str, dict[str, list[Mapping[str, Any]]]] = {}
+    for run in runs:
+        groups.setdefault(run["regime"], {}).setdefault(run["mode"], []).append(run)
+    return {
+        regime: {mode: pooled(mode_runs) for mode, mode_runs in modes.items()}
+        for regime, modes in groups.items()
+    }
 
 
 def strongest(
