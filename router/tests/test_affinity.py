@@ -103,3 +103,30 @@ async def test_static_lets_the_handle_go_unverified_when_p_holds_the_history(wor
     assert not (w.prefill[0].calls[-1].get("kv_transfer_params") or {}).get("remote_block_ids")
     assert await w.reuse("fallback") == 1
     assert [why for _h, why in retention.released()] == ["recompute"]  # D's blocks let go
+
+
+@pytest.mark.parametrize("queued_blocks", [0, 8])
+async def test_static_pulls_when_the_work_queued_on_p_will_have_evicted_the_history(
+    world: Any, queued_blocks: int
+) -> None:
+    """P holds the history now, but 8 blocks of work are queued before the turn on a P of 8
+    blocks: by the time it runs the history is gone (`forgetting.py`), so the handle is
+    verified and pulled instead of forgone. With nothing queued the handle is let go."""
+    w = await world(affinity=True, prefill_spec={"kv_blocks": 8})
+    router, _ = router_of(w)
+    messages = [{"role": "user", "content": "hello there " * 20}]
+    status, body = await post(w, chat(messages))
+    assert status == 200, body
+    await filed(w, 1)
+    (p_ep,) = router.prefill.endpoints.values()
+    assert p_ep.kv_blocks == 8 and p_ep.block_size == 16  # P's sizes, read from its /metrics
+    p_ep.work += queued_blocks * 16  # other turns' prefills, sent and not yet answered
+    messages = [*messages, body["choices"][0]["message"], {"role": "user", "content": "go"}]
+    status, body = await post(w, chat(messages))
+    assert status == 200, body
+    p_ep.work -= queued_blocks * 16
+    pulled = (w.prefill[0].calls[-1].get("kv_transfer_params") or {}).get("remote_block_ids")
+    if queued_blocks:
+        assert pulled and await w.reuse("fallback") == 0
+    else:
+        assert not pulled and await w.reuse("fallback") == 1

@@ -549,3 +549,73 @@ def test_a_fit_without_data_is_its_prior_and_forgets_old_data() -> None:
     for i in range(200):
         fit.add([1.0, float(i % 3)], 1.0 + 4.0 * (i % 3))
     assert fit.theta == pytest.approx([1.0, 4.0], rel=1e-3)
+
+
+# -- load: the queues a turn waits behind (issue 36) -------------------------------------------
+
+
+def test_a_queued_decoder_refuses_a_continue_that_would_overrun_the_itl_budget() -> None:
+    """limit at TRUE: (50 ms - 10 ms) / 0.2 ms = 200 tokens; D already prefilling 150 of
+    another continued turn leaves room for 50."""
+    idle = Shape(1000, 900, True, d_queue_tokens=0)
+    busy = Shape(1000, 900, True, d_queue_tokens=150)
+    assert decide(TRUE, idle, B).path is Path.CONTINUE
+    choice = decide(TRUE, busy, B)
+    assert Path.CONTINUE not in choice.costs
+    assert "behind 150 queued" in choice.reason
+    assert Path.CONTINUE in decide(TRUE, Shape(1000, 960, True, d_queue_tokens=150), B).costs
+
+
+def test_ps_queue_is_waited_for_by_both_p_legs_alike() -> None:
+    s0 = Shape(4000, 3000, False)
+    s1 = dataclasses.replace(s0, p_queue_tokens=20_000)
+    c0, c1 = TRUE.costs(s0), TRUE.costs(s1)
+    wait = TRUE.p_compute_s_per_token * 20_000
+    assert c1[Path.PULL] == pytest.approx(c0[Path.PULL] + wait)
+    assert c1[Path.RECOMPUTE] == pytest.approx(c0[Path.RECOMPUTE] + wait)
+    assert c1[Path.CONTINUE] == pytest.approx(c0[Path.CONTINUE])
+
+
+def test_a_busy_p_sends_a_suffix_the_holder_may_take_to_the_holder() -> None:
+    """A cheap pull (22 ms) beats a continue of 100 tokens on D (30 ms) until P has 5,000
+    tokens queued (0.5 s more for both of P's legs)."""
+    cheap_pull = coeffs(
+        p_fixed_s=0.005, p_pull_fixed_s=0.0, p_pull_s_per_token=1e-6,
+        d_first_fixed_s=0.001, d_first_s_per_token=1e-6,
+    )  # fmt: skip
+    quiet = Shape(3000, 2900, True, p_cached_tokens=0)
+    assert decide(cheap_pull, quiet, B).path is Path.PULL
+    queued = dataclasses.replace(quiet, p_queue_tokens=5000)
+    assert decide(cheap_pull, queued, B).path is Path.CONTINUE
+
+
+def test_queues_cannot_be_negative() -> None:
+    with pytest.raises(ValueError, match="queues"):
+        Shape(10, 0, False, p_queue_tokens=-1)
+
+
+def test_ps_observations_count_the_work_queued_before_them() -> None:
+    """P answers after the work sent before it: fed (queued + computed) / throughput, the fit
+    finds the throughput, not a per-token time that grows with the load."""
+    model = CostModel()
+    rng = random.Random(7)
+    for _ in range(400):
+        computed, queued = rng.randint(100, 8000), rng.choice([0, 0, 3000, 12_000])
+        model.observe_prefill(computed, 0, 0.02 + 1.5e-4 * (computed + queued), queued=queued)
+    c = model.coefficients()
+    assert c.p_compute_s_per_token == pytest.approx(1.5e-4, rel=0.05)
+    assert c.p_fixed_s == pytest.approx(0.02, abs=0.01)
+
+
+def test_until_continues_are_observed_d_computes_at_ps_measured_rate() -> None:
+    """The continue leg's prior is never tested by a continue it forbids: P's measured rate
+    stands in for D's until D has its own observations."""
+    model = CostModel()
+    assert model.coefficients().d_compute_s_per_token == DEFAULT_PRIORS.d_compute_s_per_token
+    for n in (500, 1000, 2000, 4000) * 20:
+        model.observe_prefill(n, 0, 0.02 + 1.25e-4 * n)
+    assert model.coefficients().d_compute_s_per_token == pytest.approx(1.25e-4, rel=0.1)
+    assert model.continue_limit_tokens(B) > 200  # was (50 - 20) ms / 1 ms = 30 at the priors
+    for n in (100, 200, 400) * 20:
+        model.observe_continue(n, 0.01 + 4e-4 * n)
+    assert model.coefficients().d_compute_s_per_token == pytest.approx(4e-4, rel=0.2)

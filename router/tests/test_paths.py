@@ -32,7 +32,9 @@ class Frozen(CostModel):
     """The real model at its priors: it learns nothing from the fake engines' timings (which
     would make its choices depend on this machine's load)."""
 
-    def observe_prefill(self, computed_tokens: int, pulled_tokens: int, seconds: float) -> None:
+    def observe_prefill(
+        self, computed_tokens: int, pulled_tokens: int, seconds: float, queued: float = 0.0
+    ) -> None:
         return None
 
     def observe_decode_first(self, prompt_tokens: int, seconds: float) -> None:

@@ -4,10 +4,20 @@ Kept apart from the flow because the choice must be cheap, explainable and table
 Each path's time to first token is a small linear model of the turn's shape (suffix = prompt -
 reusable tokens):
 
-- pull      = p_fixed + p_compute * suffix + p_pull_fixed + p_pull * reusable + d_first(prompt)
-- recompute = p_fixed + p_compute * prompt + d_first(prompt)
-- continue  = d_fixed + d_compute * suffix
+- pull      = p_fixed + p_compute * (p_queue + suffix) + p_pull_fixed + p_pull * reusable
+              + d_first(prompt)
+- recompute = p_fixed + p_compute * (p_queue + prompt) + d_first(prompt)
+- continue  = d_fixed + d_compute * (d_queue + suffix)
 - d_first(n) = d_first_fixed + d_first * n  (D reads P's blocks and takes its first step)
+
+The queues make the plans load-aware: `p_queue` is the work (tokens to compute) the router has
+sent to the chosen P and not had answered, `d_queue` the prefill work of turns continued on the
+holder that have not had their first token (`Endpoint.work`, `Endpoint.prefilling`: the
+router's own accounting). A turn waits behind them, and so do D's other streams while D
+prefills: the continue path is allowed only while `d_fixed + d_compute * (d_queue + suffix)`
+stays within the ITL budget, so that no stream on D, a first turn's included, waits longer than
+that behind continued prefills. P's observations carry the queue they waited behind in their
+computed tokens, so `p_compute` is P's throughput, not a time that grows with the load.
 
 Pull minus recompute is `p_pull_fixed - (p_compute - p_pull) * reusable`, so the break-even is
 one history length and does not depend on the suffix. The engine's `kv_recompute_threshold` is a
@@ -26,9 +36,11 @@ observations are ignored.
 `DEFAULT_PRIORS` are conservative on purpose. `p_pull_fixed_s = 0` and `p_pull_s_per_token <
 p_compute_s_per_token` make pull never dearer than recompute: until the router has measured a
 fixed cost per pull it pulls whenever the engine would (reusable >= floor), exactly as `static`.
-`d_compute_s_per_token` is five times P's: D's prefill competes with the streams it decodes, so
-until measured the continue path only takes suffixes of itl_budget / d_compute (50 tokens at
-the default 50 ms budget) and only where it beats pull by that pessimistic estimate.
+The continue leg's cost is learned only from continued turns, which its own prior would never
+allow (D's prefill rate, guessed, decides whether a first one runs): until the continue leg has
+its own observations, D computes a token as fast as P was measured to (one model, one kind of
+accelerator in both roles), so the first continues are allowed by what the engines showed, not
+by a number set for one machine. What D's other streams may wait is the ITL budget.
 """
 
 from __future__ import annotations
@@ -81,12 +93,18 @@ class Shape:
     d_held_tokens: int | None = None
     """What the holder has of the prompt in its cache (None: the verified reusable tokens):
     a continued turn computes the rest."""
+    p_queue_tokens: float = 0.0
+    """Work queued on P before this turn (tokens it computes first)."""
+    d_queue_tokens: float = 0.0
+    """Prefill work of continued turns on the holder before this one's (tokens)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.reusable_tokens <= self.prompt_tokens:
             raise ValueError(f"need 0 <= reusable_tokens <= prompt_tokens, got {self}")
         if not 0 <= self.p_cached_tokens <= self.prompt_tokens:
             raise ValueError(f"need 0 <= p_cached_tokens <= prompt_tokens, got {self}")
+        if not (self.p_queue_tokens >= 0 and self.d_queue_tokens >= 0):
+            raise ValueError(f"need queues >= 0, got {self}")
 
     @property
     def _reach(self) -> int:
@@ -166,13 +184,15 @@ class Coefficients:
         suffix, pulled = shape.suffix_tokens, shape.pulled_tokens
         uncached = shape.prompt_tokens - shape.p_cached_tokens
         d_first = self.d_first_fixed_s + self.d_first_s_per_token * shape.prompt_tokens
-        p_leg = self.p_fixed_s + self.p_compute_s_per_token * min(suffix, uncached)
+        p_wait = self.p_compute_s_per_token * shape.p_queue_tokens
+        p_leg = self.p_fixed_s + p_wait + self.p_compute_s_per_token * min(suffix, uncached)
         pull = p_leg + self.p_pull_fixed_s + self.p_pull_s_per_token * pulled + d_first
-        recompute = self.p_fixed_s + self.p_compute_s_per_token * uncached + d_first
+        recompute = self.p_fixed_s + p_wait + self.p_compute_s_per_token * uncached + d_first
+        on_d = shape.d_queue_tokens + shape.continue_tokens
         return {
             Path.PULL: pull,
             Path.RECOMPUTE: recompute,
-            Path.CONTINUE: self.d_fixed_s + self.d_compute_s_per_token * shape.continue_tokens,
+            Path.CONTINUE: self.d_fixed_s + self.d_compute_s_per_token * on_d,
         }
 
 
@@ -237,10 +257,12 @@ def decide(c: Coefficients, shape: Shape, bounds: Bounds) -> Choice:
     if forced:
         notes.append(f"pull forced: reusable {r} >= {bounds.break_even_max_tokens}")
     limit, on_d = continue_limit(c, bounds), shape.continue_tokens
-    if shape.holder and 0 < on_d <= limit:
+    queued = math.ceil(shape.d_queue_tokens)
+    if shape.holder and on_d > 0 and on_d + queued <= limit:
         allowed.append(Path.CONTINUE)
     elif shape.holder and bounds.continue_on_decode:
-        notes.append(f"no continue: {on_d} to compute on D not in 1..{limit}")
+        behind = f" behind {queued} queued" if queued else ""
+        notes.append(f"no continue: {on_d} to compute on D{behind}, limit {limit}")
     costs = {p: estimate[p] for p in _PREFERENCE if p in allowed}
     best: Path | None = None
     for p in costs:
@@ -291,12 +313,16 @@ class CostModel:
         0 < suffix <= continue_limit_tokens. Ties: pull, then recompute."""
         return decide(self.coefficients(), shape, bounds)
 
-    def observe_prefill(self, computed_tokens: int, pulled_tokens: int, seconds: float) -> None:
+    def observe_prefill(
+        self, computed_tokens: int, pulled_tokens: int, seconds: float, queued: float = 0.0
+    ) -> None:
         """The P leg (the router's POST to P with max_tokens 1): P computed `computed_tokens`
         (the suffix on pull, the prompt on recompute) and pulled `pulled_tokens` (0 on
-        recompute)."""
-        if _valid(computed_tokens, pulled_tokens, _MAX_OBSERVED_S - seconds, seconds):
-            x = [1.0, computed_tokens / _K, float(pulled_tokens > 0), pulled_tokens / _K]
+        recompute), after the `queued` tokens of work sent to it before (it computed them
+        first, or alongside in its batches)."""
+        if _valid(computed_tokens, pulled_tokens, queued, _MAX_OBSERVED_S - seconds, seconds):
+            work = computed_tokens + queued
+            x = [1.0, work / _K, float(pulled_tokens > 0), pulled_tokens / _K]
             self._p.add(x, seconds)
             self._cached = None
 
@@ -313,10 +339,13 @@ class CostModel:
             self._cached = None
 
     def coefficients(self) -> Coefficients:
-        """The current estimates (the priors until observed), with observations per leg."""
+        """The current estimates (the priors until observed), with observations per leg; the
+        continue leg's per-token cost is P's measured one until it has its own (module docs)."""
         if self._cached is None:
-            p, f, d = self._p.theta, self._d_first.theta, self._d.theta
+            p, f, d = self._p.theta, self._d_first.theta, list(self._d.theta)
             counts = (self._p.count, self._d_first.count, self._d.count)
+            if not self._d.count and self._p.count:
+                d[1] = p[1]  # per thousand tokens, as fitted
             self._cached = Coefficients(
                 p_fixed_s=p[0],
                 p_compute_s_per_token=p[1] / _K,

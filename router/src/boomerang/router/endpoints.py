@@ -39,6 +39,11 @@ class Endpoint:
     role: Role
     inflight: int = 0
     work: float = 0.0
+    """Prefill: the tokens it computes of the turns sent to it and not yet answered (what
+    its cache lacks of each): the queue a new turn waits behind."""
+    prefilling: float = 0.0
+    """Decode: the tokens it computes itself for turns sent straight to it (continued on the
+    holder) that have not had their first token: prefill work its other streams wait behind."""
     failures: int = 0
     ejected: bool = False
     lost_at: float = 0.0
@@ -261,3 +266,26 @@ class LeastWorkAffinity:
             if ep.url == holder and ep.inflight <= least.inflight + self.slack:
                 return ep
         return least
+
+
+class Prefilling:
+    """A decoder's own prefill of a turn sent straight to it, counted in `prefilling` from
+    the call until `done` (its first token) or the end of the `with` block, whichever first."""
+
+    __slots__ = ("_counted", "_ep", "_tokens")
+
+    def __init__(self, ep: Endpoint, tokens: float) -> None:
+        self._ep, self._tokens, self._counted = ep, max(0.0, tokens), False
+
+    def __enter__(self) -> Prefilling:
+        self._ep.prefilling += self._tokens
+        self._counted = True
+        return self
+
+    def done(self) -> None:
+        if self._counted:
+            self._counted = False
+            self._ep.prefilling -= self._tokens
+
+    def __exit__(self, *exc: object) -> None:
+        self.done()

@@ -23,7 +23,7 @@ import asyncio
 import logging
 import time
 from asyncio import Task
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from aiohttp import web
@@ -268,20 +268,25 @@ class Router(Serving):
         p_cached = self.cached(turn).get(turn.p_ep.url, 0) if turn.p_ep is not None else 0
         reusable = min(turn.reuse.tokens, prompt)
         d_held = self._held_on_holder(turn, reusable)
+        holder = self._continue_holder(turn)
         facts = Facts(
             prompt_tokens=prompt,
             reusable_tokens=reusable,
             pullable=not turn.handle.released,
-            holder_continues=bool(d_held) and self._continue_holder(turn) is not None,
+            holder_continues=bool(d_held) and holder is not None,
             p_cached_tokens=min(p_cached, prompt),
             d_held_tokens=min(d_held, prompt),
+            p_queue_tokens=max(0.0, turn.p_ep.work) if turn.p_ep is not None else 0.0,
+            d_queue_tokens=max(0.0, holder.prefilling) if holder is not None else 0.0,
         )
         if self.paths.adaptive:
             plan = adaptive_plan(facts, self.paths.model, self.paths.bounds())
         else:
             plan = static_plan(facts, self.config.recompute_threshold)
         turn.planned(plan.choice)
-        log.debug("Planned turn", extra={"legs": [str(p) for p in plan.legs], "why": plan.reason})
+        if log.isEnabledFor(logging.DEBUG):
+            legs = [str(p) for p in plan.legs]
+            log.debug("Planned turn", extra={"legs": legs, "why": plan.reason, **asdict(facts)})
         if plan.declines:
             self.release(turn.decline(), "recompute")
         return plan

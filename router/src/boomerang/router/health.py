@@ -119,7 +119,7 @@ async def probe(engines: EngineClient, pool: Pool, ep: Endpoint, config: RouterC
                 ep.version = data["version"]
         except UpstreamError:
             ep.version = None
-    needs_block = pool.role == "decode" and ep.block_size is None
+    needs_block = ep.block_size is None  # D's for its handles, P's for what it forgets
     if needs_block or not ep.identified:
         await _read_metrics(engines, ep, limit, needs_block)
     return True
@@ -127,9 +127,9 @@ async def probe(engines: EngineClient, pool: Pool, ep: Endpoint, config: RouterC
 
 async def _read_metrics(engines: EngineClient, ep: Endpoint, limit: Limits, block: bool) -> None:
     """Once per engine (again after an ejection): its revision and the plugin's capabilities,
-    and for D its block size. A refused page (4xx) means the engine does not say (no revision,
-    no capability; block size 0, full hits only); a transport failure leaves them unknown, to
-    ask again at the next probe."""
+    its block size and KV size (D's handles use the first, `forgetting.py` both). A refused
+    page (4xx) means the engine does not say (no revision, no capability; block size 0, full
+    hits only); a transport failure leaves them unknown, to ask again at the next probe."""
     try:
         page = await get_bytes(engines, ep.url + "/metrics", limit)
     except UpstreamError as exc:

@@ -36,7 +36,7 @@ from aiohttp import web
 from boomerang.router import apis, degraded, protocol, usage
 from boomerang.router.capabilities import DecodeMode, decode_mode, observe_stream
 from boomerang.router.costmodel import Path
-from boomerang.router.endpoints import Endpoint, Role, compatible
+from boomerang.router.endpoints import Endpoint, Prefilling, Role, compatible
 from boomerang.router.failover import Unavailable
 from boomerang.router.serving import Serving
 from boomerang.router.settle import settle
@@ -96,9 +96,13 @@ class PrefillDecode:
         api = apis.of(turn.req.kind)
         body = api.prefill_request(turn.req.body, attached)
         t = s.config.timeouts
+        ahead = p_ep.work  # what P was sent before this turn and has not answered
+        work = s.prefill_work(turn, p_ep)
+        if attached is not None:
+            work = max(0.0, work - turn.reused_tokens)
         start = time.perf_counter()
         try:
-            with s.prefill.track(p_ep, s.work(turn)):
+            with s.prefill.track(p_ep, work):
                 data = await post_json(
                     s.engines,
                     p_ep.url + api.path,
@@ -121,7 +125,7 @@ class PrefillDecode:
             turn.spend(accepted=params is not None)
             self._check_prompt_ids(turn, data, p_ep)
         pulled = turn.reused_tokens if attached is not None else 0
-        s.paths.observe_prefill(turn.prompt_ids, data, pulled, seconds)
+        s.paths.observe_prefill(turn.prompt_ids, data, pulled, seconds, queued=ahead)
         if params is None:
             raise UpstreamError("protocol", "prefill answered without kv_transfer_params")
         return params
@@ -181,9 +185,11 @@ class Continue:
         mode = decode_mode(turn.req.stream, holder, s.config, time.time(), api.can_buffer)
         body = apis.continue_request(api, turn.req.body, stream=mode == "stream")
         turn.decode_url = holder.url
+        computed = len(turn.prompt_ids or ()) - turn.reused_tokens_verified
         start = time.perf_counter()
         try:
-            with s.decode.track(holder, 1.0):
+            with s.decode.track(holder, 1.0), Prefilling(holder, computed) as own:
+                turn.on_first = own.done
                 result = await s.answer(request, turn, holder, body, mode, "c")
         except UpstreamError as exc:
             s.failover.failed(s.decode, holder, exc)
@@ -269,7 +275,7 @@ class Alone:
         pool = s.prefill if role == "prefill" else s.decode
 
         async def call(ep: Endpoint) -> web.StreamResponse:
-            with pool.track(ep, s.work(turn) if role == "prefill" else 1.0):
+            with pool.track(ep, s.prefill_work(turn, ep) if role == "prefill" else 1.0):
                 result = await s.answer(request, turn, ep, body, mode)
             pool.succeeded(ep)
             assert result.response is not None

@@ -72,14 +72,20 @@ class PathBook:
         self.metrics.path.labels(path).inc()
 
     def observe_prefill(
-        self, prompt_ids: list[int] | None, answer: dict[str, Any], pulled: int, seconds: float
+        self,
+        prompt_ids: list[int] | None,
+        answer: dict[str, Any],
+        pulled: int,
+        seconds: float,
+        queued: float = 0.0,
     ) -> None:
-        """P's leg: the prompt's length is its verified ids', else P's own count."""
+        """P's leg: the prompt's length is its verified ids', else P's own count; `queued`, the
+        work sent to P before it and not yet answered then."""
         prompt = len(prompt_ids) if prompt_ids is not None else _prompt_tokens(answer)
         if prompt is None:
             return
         pulled = max(0, min(pulled, prompt))
-        self.model.observe_prefill(prompt - pulled, pulled, seconds)
+        self.model.observe_prefill(prompt - pulled, pulled, seconds, max(0.0, queued))
 
     def observe_decode_first(self, prompt_tokens: int, seconds: float) -> None:
         self.model.observe_decode_first(prompt_tokens, seconds)

@@ -52,6 +52,10 @@ class Facts:
     """What the chosen P probably holds of the prompt already (its prefix cache)."""
     d_held_tokens: int | None = None
     """What the holder has of the prompt in its cache (None: the verified reusable tokens)."""
+    p_queue_tokens: float = 0.0
+    """Work queued on the chosen P before this turn (the router's accounting, tokens)."""
+    d_queue_tokens: float = 0.0
+    """Prefill work of turns continued on the holder before this one (tokens)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.reusable_tokens <= self.prompt_tokens:
@@ -107,6 +111,8 @@ def _choose(facts: Facts, model: CostModel, bounds: Bounds, holder: bool) -> Cho
         facts.pullable,
         p_cached_tokens=min(facts.p_cached_tokens, facts.prompt_tokens),
         d_held_tokens=facts.d_held_tokens,
+        p_queue_tokens=facts.p_queue_tokens,
+        d_queue_tokens=facts.d_queue_tokens,
     )
     return model.choose(shape, bounds)
 

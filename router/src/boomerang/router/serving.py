@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from boomerang.connector import router_state
-from boomerang.router import apis, protocol
+from boomerang.router import apis, forgetting, protocol
 from boomerang.router import conversation as conv
 from boomerang.router.affinity import Affinity, Placement, cached_tokens
 from boomerang.router.apis import DecodeResult
@@ -91,12 +91,26 @@ class Serving:
         Nothing when P runs without a prefix cache."""
         if not self.config.prefill_prefix_caching:
             return {}
+        sizes = [ep.block_size for ep in self.decode.endpoints.values() if ep.block_size]
+        block = sizes[0] if sizes else None
+        found: Mapping[str, int] = {}
         if self.kv is not None and self.kv.usable:
             found = self.kv.cached_tokens(self._hashes(turn), self.prefill.endpoints)
-            if found:
-                return found
-        sizes = [ep.block_size for ep in self.decode.endpoints.values() if ep.block_size]
-        return cached_tokens(turn.placement, sizes[0] if sizes else None)
+        if not found:
+            found = cached_tokens(turn.placement, block)
+        return {url: self._kept(url, tokens, block) for url, tokens in found.items()}
+
+    def _kept(self, url: str, tokens: int, block: int | None) -> int:
+        """What P will still hold of `tokens` once the work queued on it ran (`forgetting.py`)."""
+        ep = self.prefill.get(url)
+        if ep is None:
+            return tokens
+        return forgetting.kept_tokens(tokens, ep.work, ep.kv_blocks, ep.block_size or block)
+
+    def prefill_work(self, turn: Turn, p_ep: Endpoint) -> float:
+        """The tokens P will compute of the turn's prompt (what its cache lacks): what the
+        turn adds to P's queue (`Endpoint.work`), which later turns wait behind."""
+        return max(0.0, self.work(turn) - self.cached(turn).get(p_ep.url, 0))
 
     def held_by(self, turn: Turn, url: str) -> int | None:
         """How many leading tokens of the prompt decoder `url` holds (None: unknown)."""
@@ -193,6 +207,8 @@ class Serving:
         if not turn.first_sent:
             turn.first_sent = True
             turn.first_at = time.perf_counter()
+            if turn.on_first is not None:
+                turn.on_first()
             self.metrics.ttft.labels(turn.outcome).observe(time.perf_counter() - turn.started)
 
     # -- after D answered: the next turn's handle and placement ---------------------------------

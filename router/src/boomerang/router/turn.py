@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Final, Literal
@@ -124,6 +125,8 @@ class Turn:
     first_sent: bool = False
     first_at: float = 0.0
     """`perf_counter` when the client got the first byte (0: not yet)."""
+    on_first: Callable[[], None] | None = None
+    """Called once with the first byte (a continued turn's D has then done its prefill)."""
     decode_url: str | None = None
     alone: Role | None = None
     """The role of the one engine that served the turn alone (the other had none), else None
