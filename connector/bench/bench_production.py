@@ -32,15 +32,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
-import os
 import sys
 import tempfile
-import threading
 import time
-import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,12 +46,24 @@ import machine
 import multiturn_client
 import production_report as report
 import stock
-import yaml
 from bench_ttft import REPO
+from production_engines import (
+    Engines,
+    Sampler,
+    engines,
+    manifest,
+    moved,
+    release_retained,
+    retained_blocks,
+    router,
+    router_counts,
+    token_sources,
+)
 from production_modes import (
     BASELINES,
     DEFAULT_MODE,
     MODES,
+    QUIET_BASELINES,
     REGIMES,
     Regime,
     generator_config,
@@ -63,222 +71,8 @@ from production_modes import (
     order,
 )
 
-from boomerang.connector.config import LEASE_PATH
 from boomerang.connector.model import corpus, model_dir
-from boomerang.local import calibrate, placement, processes, stack
-from boomerang.local.engine_client import scrape, totals
-
-BY_SOURCE = "vllm:prompt_tokens_by_source_total"
-
-
-def manifest(regime: Regime, bidirectional: bool) -> Any:
-    """examples/local-cpu.yaml with P's prefix cache on, the regime's replicas and KV sizes,
-    the transfer direction of the engine set."""
-    from boomerang.operator.api import DisaggregatedDeployment
-
-    data = yaml.safe_load((REPO / "examples" / "local-cpu.yaml").read_text())
-    spec = data["spec"]
-    spec["prefill"]["prefixCaching"] = True
-    spec["prefill"]["replicas"], spec["decode"]["replicas"] = regime.prefill, regime.decode
-    spec["kvTransfer"]["bidirectional"] = bidirectional
-    spec["model"]["maxModelLen"] = regime.max_model_len
-    for role, blocks in (("prefill", regime.p_blocks), ("decode", regime.d_blocks)):
-        if blocks is not None:
-            spec[role]["extraArgs"] = ["--num-gpu-blocks-override", str(blocks)]
-    return DisaggregatedDeployment.model_validate(data)
-
-
-PORTS = stack.LocalPorts(
-    router=38080,
-    prefill=38100,
-    decode=38200,
-    prefill_side_channel=35600,
-    decode_side_channel=35700,
-)
-"""The benchmark's own ports (replica i of a role adds i): apart from `boomerang up`'s."""
-
-
-@dataclass
-class Engines:
-    """One engine set: P and D urls, the processes (name -> pid, each a process group), the
-    lease token (Boomerang's engines only), whether they are stock vLLM."""
-
-    dd: Any
-    run_dir: Path
-    ports: stack.LocalPorts = PORTS
-    stock: bool = False
-    prefill: list[str] = field(default_factory=list)
-    decode: list[str] = field(default_factory=list)
-    pids: dict[str, int] = field(default_factory=dict)
-    started: list[dict[str, Any]] = field(default_factory=list)
-    """How each engine was started (command, VLLM_PLUGINS), for the record."""
-
-    @property
-    def token(self) -> str:
-        return stack.read_lease_token(self.run_dir)
-
-    @property
-    def urls(self) -> list[str]:
-        return [*self.prefill, *self.decode]
-
-
-def pinned(spec: processes.ProcessSpec, cpu: int) -> processes.ProcessSpec:
-    """The engine with every process on its own core (`taskset`), as a pod's cpuset keeps a
-    pod's processes: placement pins only an engine's compute threads, so its API server and
-    engine core would float onto the other engine's core (a decoder stepping continuously then
-    takes CPU from the prefill engine, which no pod on its own node can do). Both engine sets,
-    stock and Boomerang's, run so."""
-    return dataclasses.replace(spec, cmd=["taskset", "-c", str(cpu), *spec.cmd])
-
-
-@contextlib.contextmanager
-def engines(
-    dd: Any,
-    venv: Path,
-    log: Any = print,
-    ports: stack.LocalPorts = PORTS,
-    stock_engines: bool = False,
-    pin: bool = False,
-) -> Iterator[Engines]:
-    """Every engine replica `dd` asks for, placed as `boomerang up` places them (ports and a
-    core per replica, `boomerang.local.placement`): Boomerang's engines with their lease API
-    on, or (`stock_engines`) stock vLLM engines with the same arguments (`stock.py`); `pin`:
-    every process of an engine on its core (`pinned`)."""
-    run_dir = Path(tempfile.mkdtemp(prefix="boomerang-bench-production-"))
-    env = dict(os.environ)
-    stack.build_model(venv, dd.spec.model.source, env)
-    token = None if stock_engines else stack.read_lease_token(run_dir)
-    es = Engines(dd, run_dir, ports=ports, stock=stock_engines)
-    replicas = placement.plan(stack.replica_counts(dd), ports, sorted(os.sched_getaffinity(0)))
-    specs = []
-    for r in replicas:
-        spec = stack.engine_spec(
-            dd, r.role, engine_venv=venv, ports=ports, run_dir=run_dir, base_env=env,
-            lease_token=token, index=r.index, cpu=r.cpu,
-        )  # fmt: skip
-        if stock_engines:
-            spec = stock.stock_spec(spec, venv, r.cpu, run_dir)
-        if pin:
-            spec = pinned(spec, r.cpu)
-        specs.append(spec)
-        es.started.append(stock.describe(spec))
-        (es.prefill if r.role == "prefill" else es.decode).append(r.url)
-    kind = "stock vLLM" if stock_engines else "Boomerang"
-    log(f"starting {len(specs)} {kind} engines, logs in {run_dir}")
-    try:
-        for spec in specs:
-            es.pids[spec.name] = processes.spawn(spec).pid
-        for spec in specs:
-            processes.wait_healthy(spec, es.pids[spec.name], 900)
-        yield es
-    finally:
-        for pid in reversed(es.pids.values()):
-            processes.stop(pid, timeout=30)
-
-
-def router_config(es: Engines, overrides: dict[str, Any], port: int) -> Any:
-    """The router's configuration for the engine set (no lease token for stock engines: they
-    have no lease API, and nothing but their metrics is polled)."""
-    token = {} if es.stock else {"lease_token_file": str(stack.lease_token_file(es.run_dir))}
-    return stack.router_settings(
-        es.dd, es.ports, listen_port=port, log_json=True, **token, **overrides
-    )
-
-
-@contextlib.contextmanager
-def router(es: Engines, name: str, overrides: dict[str, Any], port: int = 38080) -> Iterator[str]:
-    """A router process with the rendered config plus `overrides`, ready with P and D."""
-    cfg_file = es.run_dir / f"router-{name}.yaml"
-    cfg_file.write_text(yaml.safe_dump(router_config(es, overrides, port)))
-    spec = stack.router_spec(name, cfg_file, port, es.run_dir, dict(os.environ))
-    pid = processes.spawn(spec).pid
-    try:
-        processes.wait_healthy(spec, pid, 60)
-        url = f"http://127.0.0.1:{port}"
-        _wait_ready(url)
-        yield url
-    finally:
-        processes.stop(pid, timeout=30)
-
-
-def _wait_ready(url: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(url + "/ready", timeout=5) as resp:
-                body = json.loads(resp.read())
-            if body.get("ready") and not body.get("alone"):
-                return
-        time.sleep(0.5)
-    raise RuntimeError(f"router {url} not ready with P and D in {timeout_s:.0f} s")
-
-
-def lease_call(url: str, token: str, op: str = "") -> dict[str, Any]:
-    data = b"{}" if op else None
-    req = urllib.request.Request(
-        f"{url}{LEASE_PATH}{'/' + op if op else ''}",
-        data,
-        {"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        answer: dict[str, Any] = json.loads(resp.read())
-    return answer
-
-
-def retained_blocks(es: Engines) -> float:
-    total = 0.0
-    for d in es.decode:
-        with contextlib.suppress(OSError, ValueError):
-            total += lease_call(d, es.token).get("retained", {}).get("retained_blocks", 0)
-    return total
-
-
-def release_retained(es: Engines, timeout_s: float = 60.0) -> None:
-    """Every D releases what it retains, so that the next run starts with D's KV free."""
-    for d in es.decode:
-        with contextlib.suppress(OSError, ValueError):
-            lease_call(d, es.token, "yield")
-    deadline = time.monotonic() + timeout_s
-    while retained_blocks(es) > 0 and time.monotonic() < deadline:
-        time.sleep(0.5)
-
-
-class Sampler(threading.Thread):
-    """D's retained blocks, every `interval` seconds."""
-
-    def __init__(self, es: Engines, interval: float = 1.0) -> None:
-        super().__init__(daemon=True)
-        self.es, self.interval = es, interval
-        self.points: list[tuple[float, float]] = []
-        self.halt = threading.Event()
-
-    def run(self) -> None:
-        while not self.halt.is_set():
-            self.points.append((time.perf_counter(), retained_blocks(self.es)))
-            self.halt.wait(self.interval)
-
-
-def token_sources(urls: Sequence[str]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for url in urls:
-        for source, value in totals(scrape(url), BY_SOURCE, "source").items():
-            out[source] = out.get(source, 0.0) + value
-    return out
-
-
-def moved(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    names = {"local_compute": "computed", "local_cache_hit": "cached"}
-    names["external_kv_transfer"] = "pulled"
-    return {names.get(k, k): after.get(k, 0.0) - before.get(k, 0.0) for k in after}
-
-
-def router_counts(url: str) -> dict[str, dict[str, float]]:
-    page = scrape(url)
-    return {
-        "reuse": totals(page, "boomerang_router_reuse_total", "outcome"),
-        "path": totals(page, "boomerang_router_path_total", "path"),
-        "claims": totals(page, "boomerang_router_claims_total", "result"),
-    }
+from boomerang.local import calibrate, processes, stack
 
 
 @contextlib.contextmanager
@@ -440,10 +234,12 @@ def regime_runs(s: Sitting, regime: str) -> None:
     """The regime's engine sets one after the other (never side by side), modes ABBA."""
     spec = REGIMES[regime]
     for names in order(list(s.args.modes), s.args.rounds):
-        stock_set = MODES[names[0]].engines == "stock"
-        dd = manifest(spec, bidirectional=not stock_set)
-        with engines(dd, s.venv, s.log, stock_engines=stock_set, pin=True) as es:
-            s.engine_sets.append({"regime": regime, "stock": stock_set, "engines": es.started})
+        kind = MODES[names[0]].engines
+        dd = manifest(spec, bidirectional=kind == "boomerang")
+        with engines(dd, s.venv, s.log, stock_engines=kind == "stock", pin=True) as es:
+            s.engine_sets.append(
+                {"regime": regime, "stock": kind == "stock", "kind": kind, "engines": es.started}
+            )
             timing = timing_for(s, es, spec)
             s.engine_sets[-1]["p_tokens_per_s_at_1024"] = timing["p_tokens_per_s_at_1024"]
             warm_up = next(m for m in names if MODES[m].router is not None)
@@ -463,6 +259,7 @@ def results(s: Sitting) -> dict[str, Any]:
         "rounds": s.args.rounds,
         "default_mode": DEFAULT_MODE,
         "baselines": list(BASELINES),
+        "quiet_baselines": list(QUIET_BASELINES),
         "engine_sets": s.engine_sets,
         "pooled": pooled,
         "runs": s.runs,
@@ -477,6 +274,9 @@ def print_tables(res: dict[str, Any]) -> None:
     baselines = [b for b in res["baselines"]]
     print(f"{res['default_mode']} (the default) against the strongest baseline per figure:\n")
     print(report.headline(res["pooled"], res["default_mode"], baselines) + "\n")
+    if quiet := report.same_engine_headline(res):
+        print(f"{res['default_mode']} against the same policies on Boomerang's engines:\n")
+        print(quiet + "\n")
 
 
 def parse_args() -> argparse.Namespace:

@@ -9,6 +9,10 @@ Modes: how a turn is routed and what runs in the engines.
   - `decode-first-N`: the policy llm-d (`prefix-based-pd-decider`), Dynamo (conditional
     disaggregation) and SGLang (decode-side radix cache) ship: the decoder caching the prompt
     serves it alone when fewer than N tokens are not cached there (`router/.../decode_first.py`).
+- The same policies on Boomerang's engines with bidirectional off (`@quiet`): what its engine
+  fixes alone give (NIXL's progress thread that does not spin, the decoder's idle wait), with
+  none of its reuse. On a CPU the stock engines lose half a core each to NIXL's progress thread,
+  which a GPU node pays on a host core instead: against these, a ratio is the router's own.
 - Boomerang, on its own engines (bidirectional on): `static`, and `adaptive`, the default
   configuration exactly as the API defaults it (nothing tuned for this benchmark).
 
@@ -24,7 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-Engines = Literal["stock", "boomerang"]
+Engines = Literal["stock", "quiet", "boomerang"]
+"""Stock vLLM; Boomerang's engines with bidirectional off; Boomerang's engines."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,13 @@ class Mode:
 
 STOCK_ROUTER = {"bidirectional": False}
 DECODE_FIRST_THRESHOLDS = (16, 128, 512)
+QUIET = "@quiet"
+"""The suffix of a baseline policy run on Boomerang's engines with bidirectional off."""
+_POLICIES: dict[str, dict[str, Any]] = {
+    "affinity": {**STOCK_ROUTER, "affinity": True},
+    **{f"decode-first-{n}": {**STOCK_ROUTER, "decode_first_tokens": n} for n in (128, 512)},
+}
+"""The peers' policies that were ever the strongest baseline of a figure (2026-12-04)."""
 MODES: dict[str, Mode] = {
     "vllm-proxy": Mode("stock", None),
     "plain": Mode("stock", {**STOCK_ROUTER, "affinity": False, "kv_events": {"enabled": False}}),
@@ -48,6 +60,7 @@ MODES: dict[str, Mode] = {
         f"decode-first-{n}": Mode("stock", {**STOCK_ROUTER, "decode_first_tokens": n})
         for n in DECODE_FIRST_THRESHOLDS
     },
+    **{f"{name}{QUIET}": Mode("quiet", router) for name, router in _POLICIES.items()},
     "static": Mode("boomerang", {"tuning": {"mode": "static"}}),
     "adaptive": Mode("boomerang", {"tuning": {"mode": "adaptive"}}),
 }
@@ -55,6 +68,9 @@ MODES: dict[str, Mode] = {
 pins Static, so an empty override ran Static. Nothing else is set: the API's defaults."""
 DEFAULT_MODE = "adaptive"
 BASELINES = tuple(name for name, mode in MODES.items() if mode.engines == "stock")
+"""What a user runs without Boomerang: the headline's comparison."""
+QUIET_BASELINES = tuple(name for name, mode in MODES.items() if mode.engines == "quiet")
+"""The same policies on engines as fast as Boomerang's: the router's own share."""
 
 
 @dataclass(frozen=True)
@@ -138,12 +154,15 @@ def abba(modes: list[str], rounds: int) -> list[list[str]]:
 
 def order(modes: list[str], rounds: int) -> list[list[str]]:
     """Engine sets one after the other, never side by side (they would share cores): stock,
-    Boomerang, stock (ABA, so drift of the host's speed falls on both), modes ABBA within."""
+    quiet, Boomerang, stock (stock around the rest, so drift of the host's speed falls on
+    both; quiet next to Boomerang, whose comparison is the finer one), modes ABBA within."""
     stock = abba([m for m in modes if MODES[m].engines == "stock"], rounds)
+    quiet = abba([m for m in modes if MODES[m].engines == "quiet"], rounds)
     ours = abba([m for m in modes if MODES[m].engines == "boomerang"], rounds)
     half = (rounds + 1) // 2
     sets = [
         [m for r in stock[:half] for m in r],
+        [m for r in quiet for m in r],
         [m for r in ours for m in r],
         [m for r in stock[half:] for m in r],
     ]

@@ -306,9 +306,25 @@ def sitting_block(res: Mapping[str, Any]) -> str:
         headline(res["pooled"], res["default_mode"], res["baselines"]),
         "",
     ]
+    if quiet := same_engine_headline(res):
+        lines += [
+            f"`{res['default_mode']}` against the same policies on Boomerang's engines with "
+            "bidirectional off (`@quiet`: its engine fixes without its reuse, so the ratio is "
+            "the router's own):",
+            "",
+            quiet,
+            "",
+        ]
     for regime, modes in res["pooled"].items():
         lines += [table(regime, modes), ""]
     return "\n".join(lines)
+
+
+def same_engine_headline(res: Mapping[str, Any]) -> str | None:
+    """The headline against the `@quiet` baselines, where the sitting ran any (else None)."""
+    quiet = list(res.get("quiet_baselines") or ())
+    ran = any(b in modes for modes in res["pooled"].values() for b in quiet)
+    return headline(res["pooled"], res["default_mode"], quiet) if ran else None
 
 
 def readme_block(res: Mapping[str, Any]) -> str:
@@ -326,6 +342,10 @@ def readme_block(res: Mapping[str, Any]) -> str:
         width=96,
     )
     table_ = headline(res["pooled"], res["default_mode"], res["baselines"])
+    if quiet := same_engine_headline(res):
+        table_ += "\n\nThe same, against those policies on Boomerang's engines without its "
+        table_ += "reuse (`@quiet`; the router's own share: stock engines on CPU lose half a "
+        table_ += f"core each to NIXL's progress thread, which a GPU node does not):\n\n{quiet}"
     after = (
         f"{CAUSES_HINT} `make bench-production` reproduces it; the method, every mode's "
         "figures with their spread, and the earlier sittings: `docs/benchmarks.md`."

@@ -11,7 +11,15 @@ import engine_watch
 import production_report as report
 import pytest
 import stock
-from production_modes import BASELINES, DEFAULT_MODE, MODES, REGIMES, longest_prompt, order
+from production_modes import (
+    BASELINES,
+    DEFAULT_MODE,
+    MODES,
+    QUIET_BASELINES,
+    REGIMES,
+    longest_prompt,
+    order,
+)
 
 from boomerang.connector import config as connector
 from boomerang.connector.config import EngineSettings, KVTransferSettings
@@ -51,6 +59,9 @@ def test_engine_sets_never_interleave_and_modes_alternate() -> None:
     modes = ["vllm-proxy", "affinity", "static", "adaptive"]
     sets = order(modes, 4)
     assert [MODES[s[0]].engines for s in sets] == ["stock", "boomerang", "stock"]
+    with_quiet = order([*modes, "affinity@quiet", "decode-first-512@quiet"], 2)
+    kinds = [MODES[s[0]].engines for s in with_quiet]
+    assert kinds == ["stock", "quiet", "boomerang", "stock"]  # quiet beside Boomerang's
     for s in sets:
         assert len({MODES[m].engines for m in s}) == 1  # one kind of engine per set
     assert sets[1] == ["static", "adaptive", "adaptive", "static"] * 2
@@ -64,6 +75,11 @@ def test_the_default_mode_is_the_api_default_untuned() -> None:
     assert MODES["adaptive"].router == {"tuning": {"mode": "adaptive"}}  # nothing else tuned
     assert set(BASELINES) >= {"vllm-proxy", "plain", "affinity", "decode-first-128"}
     assert all(MODES[b].engines == "stock" for b in BASELINES)
+    assert set(QUIET_BASELINES) == {"affinity@quiet", "decode-first-128@quiet",
+                                    "decode-first-512@quiet"}  # fmt: skip
+    for name in QUIET_BASELINES:  # the stock policy, unchanged, on the other engines
+        assert MODES[name].router == MODES[name.removesuffix("@quiet")].router
+        assert not MODES[name].bidirectional
 
 
 def test_every_workload_fits_the_model_length() -> None:
@@ -135,6 +151,21 @@ def test_each_figure_is_compared_with_its_strongest_baseline() -> None:
     assert report.met("lost turns", r["lost turns"]) is False  # one lost turn fails
     line = report.headline({"spare": modes}, "mine", ["a", "b"])
     assert "**1.50x vs a**" in line and "0.50x vs b" in line and "**1 (best baseline 0)**" in line
+
+
+def test_the_same_engine_headline_compares_with_the_quiet_baselines_only() -> None:
+    pooled = {
+        "spare": {
+            "affinity": report.pooled([run(0.1, 40)]),  # stock: not in this comparison
+            "affinity@quiet": report.pooled([run(0.4, 80)]),
+            "adaptive": report.pooled([run(0.2, 60)]),
+        }
+    }
+    res = {"pooled": pooled, "default_mode": "adaptive", "quiet_baselines": ["affinity@quiet"]}
+    line = report.same_engine_headline(res)
+    assert line is not None and "0.50x vs affinity@quiet" in line and "vs affinity |" not in line
+    assert report.same_engine_headline({**res, "quiet_baselines": []}) is None  # none ran
+    assert report.same_engine_headline({**res, "quiet_baselines": ["x@quiet"]}) is None
 
 
 def test_publishing_replaces_only_what_lies_between_the_markers() -> None:
