@@ -120,11 +120,11 @@ async def test_static_pulls_when_the_work_queued_on_p_will_have_evicted_the_hist
     await filed(w, 1)
     (p_ep,) = router.prefill.endpoints.values()
     assert p_ep.kv_blocks == 8 and p_ep.block_size == 16  # P's sizes, read from its /metrics
-    p_ep.work += queued_blocks * 16  # other turns' prefills, sent and not yet answered
+    p_ep.kv_tokens += queued_blocks * 16  # other turns' prompts, sent and not yet answered
     messages = [*messages, body["choices"][0]["message"], {"role": "user", "content": "go"}]
     status, body = await post(w, chat(messages))
     assert status == 200, body
-    p_ep.work -= queued_blocks * 16
+    p_ep.kv_tokens -= queued_blocks * 16
     pulled = (w.prefill[0].calls[-1].get("kv_transfer_params") or {}).get("remote_block_ids")
     if queued_blocks:
         assert pulled and await w.reuse("fallback") == 0

@@ -41,6 +41,9 @@ class Endpoint:
     work: float = 0.0
     """Prefill: the tokens it computes of the turns sent to it and not yet answered (what
     its cache lacks of each): the queue a new turn waits behind."""
+    kv_tokens: float = 0.0
+    """Prefill: the whole prompts of those turns: KV they hold while they run, which the
+    blocks of older conversations make room for (`forgetting.py`)."""
     prefilling: float = 0.0
     """Decode: the tokens it computes itself for turns sent straight to it (continued on the
     holder) that have not had their first token: prefill work its other streams wait behind."""
@@ -146,27 +149,29 @@ class Pool:
                     ep.ejected = False
                     ep.successes_since_eject = 0
 
-    def track(self, ep: Endpoint, work: float) -> Tracked:
+    def track(self, ep: Endpoint, work: float, kv_tokens: float = 0.0) -> Tracked:
         """Count a request against the endpoint's load while it runs (`with`)."""
-        return Tracked(ep, work)
+        return Tracked(ep, work, kv_tokens)
 
 
 class Tracked:
     """A request counted against its endpoint's load for the `with` block: a class, not a
     generator context manager, because every engine call of every turn enters one."""
 
-    __slots__ = ("_ep", "_work")
+    __slots__ = ("_ep", "_kv", "_work")
 
-    def __init__(self, ep: Endpoint, work: float) -> None:
-        self._ep, self._work = ep, work
+    def __init__(self, ep: Endpoint, work: float, kv_tokens: float = 0.0) -> None:
+        self._ep, self._work, self._kv = ep, work, kv_tokens
 
     def __enter__(self) -> None:
         self._ep.inflight += 1
         self._ep.work += self._work
+        self._ep.kv_tokens += self._kv
 
     def __exit__(self, *exc: object) -> None:
         self._ep.inflight -= 1
         self._ep.work -= self._work
+        self._ep.kv_tokens -= self._kv
 
 
 def compatible(a: Endpoint, b: Endpoint) -> bool:

@@ -286,7 +286,9 @@ class Router(Serving):
         turn.planned(plan.choice)
         if log.isEnabledFor(logging.DEBUG):
             legs = [str(p) for p in plan.legs]
-            log.debug("Planned turn", extra={"legs": legs, "why": plan.reason, **asdict(facts)})
+            coefficients = self.paths.model.coefficients().as_metrics()
+            extra = {"legs": legs, "why": plan.reason, "coefficients": coefficients}
+            log.debug("Planned turn", extra={**extra, **asdict(facts)})
         if plan.declines:
             self.release(turn.decline(), "recompute")
         return plan

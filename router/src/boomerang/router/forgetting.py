@@ -16,10 +16,13 @@ conversation loses its tail block by block:
 
     kept_blocks = clamp(capacity_blocks - ahead_blocks, 0, cached_blocks)
 
-`ahead_blocks` is the work the router has sent to P and not yet had answered (the tokens P
-computes of each, in whole blocks): the router's own accounting, no engine call. Blocks held by
-requests still running are not subtracted again: they are part of that work. Where P's KV size
-or block size is unknown the snapshot stands (the previous behaviour).
+`ahead_blocks` is the KV of the turns the router has sent to P and not yet had answered, their
+whole prompts (`Endpoint.kv_tokens`, the router's own accounting, no engine call): what they
+compute takes free blocks, and what they find cached is in use while they run, out of the
+free queue the conversation's blocks sit in. Counting every prompt whole errs low where those
+turns share blocks; measured, counting only what they compute erred high (the benchmark's
+agentic regime: 11k of 25.6k tokens "kept", none found). Where P's KV size or block size is
+unknown the snapshot stands (the previous behaviour).
 
 Erring low costs little: a turn that attaches D's handle while P still holds the history pulls
 only what P lacks (vLLM's P matches its own prefix cache first), so the worst case is a read

@@ -102,7 +102,7 @@ class PrefillDecode:
             work = max(0.0, work - turn.reused_tokens)
         start = time.perf_counter()
         try:
-            with s.prefill.track(p_ep, work):
+            with s.prefill.track(p_ep, work, s.work(turn)):
                 data = await post_json(
                     s.engines,
                     p_ep.url + api.path,
@@ -125,7 +125,9 @@ class PrefillDecode:
             turn.spend(accepted=params is not None)
             self._check_prompt_ids(turn, data, p_ep)
         pulled = turn.reused_tokens if attached is not None else 0
-        s.paths.observe_prefill(turn.prompt_ids, data, pulled, seconds, queued=ahead)
+        s.paths.observe_prefill(
+            turn.prompt_ids, data, pulled, seconds, queued=ahead, cached=turn.p_cached
+        )
         if params is None:
             raise UpstreamError("protocol", "prefill answered without kv_transfer_params")
         return params
@@ -275,7 +277,8 @@ class Alone:
         pool = s.prefill if role == "prefill" else s.decode
 
         async def call(ep: Endpoint) -> web.StreamResponse:
-            with pool.track(ep, s.prefill_work(turn, ep) if role == "prefill" else 1.0):
+            load = (s.prefill_work(turn, ep), s.work(turn)) if role == "prefill" else (1.0, 0.0)
+            with pool.track(ep, *load):
                 result = await s.answer(request, turn, ep, body, mode)
             pool.succeeded(ep)
             assert result.response is not None

@@ -78,14 +78,17 @@ class PathBook:
         pulled: int,
         seconds: float,
         queued: float = 0.0,
+        cached: int | None = None,
     ) -> None:
         """P's leg: the prompt's length is its verified ids', else P's own count; `queued`, the
-        work sent to P before it and not yet answered then."""
+        work sent to P before it and not yet answered then; `cached`, what P's answer says it
+        did not compute (its prefix-cache hit plus what it pulled), when it says."""
         prompt = len(prompt_ids) if prompt_ids is not None else _prompt_tokens(answer)
         if prompt is None:
             return
         pulled = max(0, min(pulled, prompt))
-        self.model.observe_prefill(prompt - pulled, pulled, seconds, max(0.0, queued))
+        not_computed = max(pulled, min(cached or 0, prompt))
+        self.model.observe_prefill(prompt - not_computed, pulled, seconds, max(0.0, queued))
 
     def observe_decode_first(self, prompt_tokens: int, seconds: float) -> None:
         self.model.observe_decode_first(prompt_tokens, seconds)

@@ -101,11 +101,12 @@ class Serving:
         return {url: self._kept(url, tokens, block) for url, tokens in found.items()}
 
     def _kept(self, url: str, tokens: int, block: int | None) -> int:
-        """What P will still hold of `tokens` once the work queued on it ran (`forgetting.py`)."""
+        """What P will still hold of `tokens` once the turns sent to it before ran
+        (`forgetting.py`: their whole prompts' KV comes first)."""
         ep = self.prefill.get(url)
         if ep is None:
             return tokens
-        return forgetting.kept_tokens(tokens, ep.work, ep.kv_blocks, ep.block_size or block)
+        return forgetting.kept_tokens(tokens, ep.kv_tokens, ep.kv_blocks, ep.block_size or block)
 
     def prefill_work(self, turn: Turn, p_ep: Endpoint) -> float:
         """The tokens P will compute of the turn's prompt (what its cache lacks): what the
