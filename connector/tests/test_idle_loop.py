@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from boomerang.connector import idle_loop
+from boomerang.connector.idle_policy import DEFAULT_IDLE_STEP_S
 
 PERIOD = 0.3
 
@@ -203,10 +204,10 @@ def test_apply_patches_vllms_engine_loop_once_and_zero_turns_it_off(
 
     assert idle_loop.apply({"BOOMERANG_IDLE_STEP_S": "0"}) == 0
     assert cls._process_input_queue is Core._process_input_queue
-    assert idle_loop.apply({}) == 30.0
+    assert idle_loop.apply({}) == DEFAULT_IDLE_STEP_S
     wrapped = cls._process_input_queue
     assert getattr(wrapped, "__boomerang_idle__", False)
-    assert idle_loop.apply({}) == 30.0
+    assert idle_loop.apply({}) == DEFAULT_IDLE_STEP_S
     assert cls._process_input_queue is wrapped  # not wrapped twice
     assert getattr(cls._handle_client_request, "__boomerang_idle__", False)
 

@@ -11,7 +11,7 @@ from boomerang.connector import nixl_quiet
 
 
 def test_delay_defaults_to_one_millisecond_and_zero_disables() -> None:
-    assert nixl_quiet.progress_delay_us({}) == 1000
+    assert nixl_quiet.progress_delay_us({}) == nixl_quiet.DEFAULT_DELAY_US == 10_000
     assert nixl_quiet.progress_delay_us({nixl_quiet.ENV_DELAY: "0"}) == 0
 
 
