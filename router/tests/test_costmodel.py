@@ -616,6 +616,8 @@ def test_until_continues_are_observed_d_computes_at_ps_measured_rate() -> None:
         model.observe_prefill(n, 0, 0.02 + 1.25e-4 * n)
     assert model.coefficients().d_compute_s_per_token == pytest.approx(1.25e-4, rel=0.1)
     assert model.continue_limit_tokens(B) > 200  # was (50 - 20) ms / 1 ms = 30 at the priors
-    for n in (100, 200, 400) * 20:
+    model.observe_continue(150, 0.02 + 1.25e-4 * 150)  # one continue, as P's rate predicts
+    assert model.coefficients().d_compute_s_per_token == pytest.approx(1.25e-4, rel=0.1)
+    for n in (100, 200, 400) * 100:  # D turns out slower than P: the fit follows
         model.observe_continue(n, 0.01 + 4e-4 * n)
     assert model.coefficients().d_compute_s_per_token == pytest.approx(4e-4, rel=0.2)

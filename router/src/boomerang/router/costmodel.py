@@ -40,7 +40,9 @@ The continue leg's cost is learned only from continued turns, which its own prio
 allow (D's prefill rate, guessed, decides whether a first one runs): until the continue leg has
 its own observations, D computes a token as fast as P was measured to (one model, one kind of
 accelerator in both roles), so the first continues are allowed by what the engines showed, not
-by a number set for one machine. What D's other streams may wait is the ITL budget.
+by a number set for one machine; the first continue observed starts the continue fit from that
+rate (from the static prior, one observation left D at 5x P's rate again: measured, every
+continue after the first was refused). What D's other streams may wait is the ITL budget.
 """
 
 from __future__ import annotations
@@ -303,8 +305,12 @@ class CostModel:
         theta = [v / s for v, s in zip(values, _SCALE, strict=True)]
         self._p = ForgettingFit(theta[:4], pulls, **opts)
         self._d_first = ForgettingFit(theta[4:6], [[1.0, t] for t in grid], **opts)
-        self._d = ForgettingFit(theta[6:], [[1.0, t] for t in (0.016, 0.256, 1.0)], **opts)
+        self._opts = opts
+        self._d = self._continue_fit(theta[6:])
         self._cached: Coefficients | None = None
+
+    def _continue_fit(self, prior: list[float]) -> ForgettingFit:
+        return ForgettingFit(prior, [[1.0, t] for t in (0.016, 0.256, 1.0)], **self._opts)
 
     def choose(self, shape: Shape, bounds: Bounds) -> Choice:
         """The cheapest allowed path. Recompute is always allowed; pull only when reusable >=
@@ -335,6 +341,8 @@ class CostModel:
     def observe_continue(self, computed_tokens: int, seconds: float) -> None:
         """D's time to first token on the continue path (it computed `computed_tokens`)."""
         if _valid(computed_tokens, _MAX_OBSERVED_S - seconds, seconds):
+            if not self._d.count and self._p.count:  # P's measured rate becomes the prior
+                self._d = self._continue_fit([self._d.theta[0], self._p.theta[1]])
             self._d.add([1.0, computed_tokens / _K], seconds)
             self._cached = None
 
