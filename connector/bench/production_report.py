@@ -330,12 +330,16 @@ def same_engine_headline(res: Mapping[str, Any]) -> str | None:
 def readme_block(res: Mapping[str, Any]) -> str:
     """The README's headline: one row per regime, each figure's ratio to its strongest
     baseline."""
+    ran = {m for modes in res["pooled"].values() for m in modes}
+    prefix = "decode-first-"
+    cuts = sorted(int(m[len(prefix) :]) for m in ran if m.startswith(prefix) and "@" not in m)
+    thresholds = "/".join(map(str, cuts)) or "none run"
     prose = textwrap.fill(
         f"Measured by vLLM's own multi-turn benchmark client ({res['client']}, fetched at run "
         "time) on real vLLM CPU engines (tiny model, 2 cores). Baselines: **stock vLLM** "
         "engines (none of Boomerang's code inside) with prefix caching on, routed by vLLM's "
         "own P/D proxy, least load, conversation affinity with KV-event routing, and "
-        "decode-first (llm-d's, Dynamo's and SGLang's policy; thresholds 16/128/512). "
+        f"decode-first (llm-d's, Dynamo's and SGLang's policy; thresholds {thresholds}). "
         f"Boomerang runs its default configuration. Each cell: the default mode's median "
         f"over {res['rounds']} round(s) divided by the strongest baseline's for that figure "
         "(lower is better; bold: a target missed):",
