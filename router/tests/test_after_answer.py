@@ -22,7 +22,7 @@ from boomerang.router.conversation import Handle
 from boomerang.router.settle import settle
 from boomerang.router.store import ConversationStore
 
-ADAPTIVE = {"tuning": {"mode": "adaptive"}}
+ADAPTIVE = {"tuning": {"mode": "adaptive", "itl_budget_s": 0.05}}  # see test_paths.ADAPTIVE
 
 
 class SlowStore:

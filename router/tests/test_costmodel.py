@@ -25,6 +25,7 @@ from boomerang.router.costmodel import (
     break_even,
     continue_limit,
     decide,
+    itl_budget,
 )
 
 FLOOR = 64
@@ -153,6 +154,44 @@ def test_continue_limit(bounds: Bounds, d_compute: float, limit: int) -> None:
     if limit:
         assert decide(c, shape(4096, limit, holder=True), bounds).path is Path.CONTINUE
     assert decide(c, shape(4096, limit + 1, holder=True), bounds).path is not Path.CONTINUE
+
+
+@pytest.mark.parametrize(
+    ("bounds", "stream_s", "budget"),
+    [
+        (Bounds(floor_tokens=0), 0.0, 0.05),  # nothing measured: the fallback
+        (Bounds(floor_tokens=0), 1.2, 0.12),  # a tenth of a 1.2 s stream
+        (Bounds(floor_tokens=0, tpot_tolerance=0.25), 1.2, 0.3),
+        (Bounds(floor_tokens=0), 0.004, 0.0004),  # a fast stream leaves almost nothing
+        (Bounds(floor_tokens=0, itl_budget_s=0.2), 1.2, 0.2),  # pinned by the operator
+        (Bounds(floor_tokens=0, itl_budget_s=0.0), 0.0, 0.0),
+    ],
+)
+def test_the_itl_budget_is_a_share_of_the_holders_stream_time(
+    bounds: Bounds, stream_s: float, budget: float
+) -> None:
+    assert itl_budget(bounds, stream_s) == pytest.approx(budget)
+
+
+def test_a_holder_with_longer_streams_takes_longer_continues() -> None:
+    """(0.1 * 2 s - 20 ms) / 1 ms = 180 tokens on a holder whose streams last 2 s; a 150 ms
+    stream leaves a 15 ms budget, less than D's fixed cost: none; the reason names it."""
+    c = coeffs(d_compute_s_per_token=1e-3, d_fixed_s=0.02)
+    b = Bounds(floor_tokens=0)
+    assert continue_limit(c, b, 2.0) == 180
+    assert continue_limit(c, b, 0.15) == 0
+    long_streams = Shape(4096, 4000, True, d_stream_s=2.0)
+    assert decide(c, long_streams, b).path is Path.CONTINUE
+    short = decide(c, dataclasses.replace(long_streams, d_stream_s=0.15), b)
+    assert Path.CONTINUE not in short.costs
+    assert "limit 0 (15 ms budget)" in short.reason
+
+
+def test_stream_times_and_tolerances_outside_their_range_are_refused() -> None:
+    with pytest.raises(ValueError, match="d_stream_s"):
+        Shape(10, 0, True, d_stream_s=math.inf)
+    with pytest.raises(ValueError, match="tpot_tolerance"):
+        Bounds(floor_tokens=0, tpot_tolerance=0.0)
 
 
 def test_the_itl_budget_pays_for_ds_fixed_cost_first() -> None:

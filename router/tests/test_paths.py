@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
 from router_testing import chat, filed, post, stream
 
 from boomerang.router import conversation as conv
@@ -18,7 +20,9 @@ from boomerang.router.costmodel import DEFAULT_PRIORS, CostModel
 from boomerang.router.flow import Router
 from boomerang.router.protocol import CONTINUE_PARAMS
 
-ADAPTIVE = {"tuning": {"mode": "adaptive"}}
+ADAPTIVE = {"tuning": {"mode": "adaptive", "itl_budget_s": 0.05}}
+"""The budget pinned: the fakes stream in milliseconds, and a budget derived from that
+refuses every continue (`test_the_itl_budget_derives_from_the_decoders_streams`)."""
 PULL_ONLY = {"tuning": {"mode": "adaptive", "continue_on_decode": False}, "recompute_threshold": 0}
 """The fake conversations are short: below the default threshold P would recompute anyway."""
 RECOMPUTE_ONLY = {
@@ -280,3 +284,44 @@ async def test_a_partial_continues_too(world: Any) -> None:
 
 
 OPENING = "tell me how the printing press changed the way news travelled across europe, " * 2
+
+
+# -- the ITL budget, derived from how long D's streams decode (issue 36) ------------------------
+
+
+async def test_the_itl_budget_derives_from_the_decoders_streams(world: Any) -> None:
+    """Unpinned, the budget is a tenth of the holder's measured stream time: a fake D that
+    streams in milliseconds leaves no room for D's fixed cost (20 ms at the priors), so the
+    follow-up goes through P; one that takes about a second per stream allows a continue."""
+    specs = {"prefill_spec": {"version": "0.33.0"}, "tuning": {"mode": "adaptive"}}
+    fast = await world(decode_spec={"stream_params": True, "version": "0.33.0"}, **specs)
+    router, _ = router_of(fast, SLOW_P)
+    unmeasured = {"stream_s": 0.0, "itl_budget_s": 0.05, "tokens": 30}
+    assert list(router.state()["continue_limits"].values()) == [unmeasured]
+    # nothing measured yet: the fallback, (50 - 20) ms / 1 ms per token at the priors
+    await streamed_conversation(fast, 2)
+    await until(lambda: _equals(fast, "recompute", 1))
+    assert (await paths(fast))["continue"] == 0
+    (limit,) = router.state()["continue_limits"].values()
+    assert 0 < limit["stream_s"] < 0.2
+    assert limit["itl_budget_s"] == pytest.approx(0.1 * limit["stream_s"])
+    assert limit["tokens"] == 0
+
+    slow_d = {"stream_params": True, "version": "0.33.0", "chunk_delay_s": 0.25}
+    slow = await world(decode_spec=slow_d, **specs)
+    router, _ = router_of(slow, SLOW_P)
+    await streamed_conversation(slow, 2)
+    await until(lambda: _equals(slow, "continue", 1))
+    (limit,) = router.state()["continue_limits"].values()
+    assert limit["stream_s"] >= 0.75  # 4 words and the end, 0.25 s apart
+    assert limit["tokens"] == math.floor((0.1 * limit["stream_s"] - 0.02) / 1e-3)
+
+
+async def streamed_conversation(w: Any, turns: int) -> None:
+    """`turns` streamed turns of one conversation (the router measures D's streams)."""
+    messages = [{"role": "user", "content": "hello there"}]
+    for i in range(turns):
+        events = await stream(w, chat(messages, conversation_id="s"))
+        text = "".join(c["choices"][0]["delta"].get("content", "") for c in events if c["choices"])
+        await filed(w, i + 1)
+        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "go"}]

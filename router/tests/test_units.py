@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import pytest
@@ -234,6 +235,21 @@ def test_a_url_back_from_discovery_remembers_when_it_left() -> None:
     for i in range(endpoints.MAX_DEPARTED + 10):  # pod churn: the memory stays bounded
         pool.set_urls([f"http://p{i}"])
     assert len(pool.departed) == endpoints.MAX_DEPARTED
+
+
+def test_a_decoders_stream_time_is_a_moving_mean_of_sane_measures() -> None:
+    """`Endpoint.stream_s` (the continue budget's base): the first measure stands, each later
+    one moves it by a tenth; zero, negative, non-finite and hour-long ones are ignored."""
+    ep = Endpoint("http://d0", "decode")
+    for nonsense in (0.0, -1.0, math.nan, math.inf, 7200.0):
+        ep.streamed(nonsense)
+    assert ep.stream_s == 0.0
+    ep.streamed(2.0)
+    assert ep.stream_s == 2.0
+    ep.streamed(1.0)
+    assert ep.stream_s == pytest.approx(1.9)
+    ep.streamed(math.nan)
+    assert ep.stream_s == pytest.approx(1.9)
 
 
 def test_streaming_choice_follows_what_the_engine_can_do() -> None:

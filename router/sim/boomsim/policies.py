@@ -51,7 +51,8 @@ class Settings:
     """The router's `decode_affinity_slack` (in-flight requests), its default."""
     decoder_ttl_s: float = 480.0
     itl_budget_s: float | None = None
-    """None: the router's default (`Tuning().itl_budget_s`)."""
+    """None: the router's default (`Tuning().itl_budget_s`: derived from the holder's stream
+    time, which the simulator's facts do not carry, so its 50 ms fallback)."""
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:

@@ -23,6 +23,10 @@ PATHS: Final = ("pull", "recompute", "continue")
 BREAK_EVEN_TOKENS: Final = "break_even_tokens"
 """Learned: pulled tokens at which a pull costs what a recompute costs."""
 CONTINUE_LIMIT_TOKENS: Final = "continue_limit_tokens"
+"""Longest suffix a continue may compute on a decoder whose streams are not measured yet."""
+CONTINUE_LIMITS: Final = "continue_limits"
+"""Per decoder URL: its measured stream time (`stream_s`), the ITL budget derived from it
+(`itl_budget_s`) and the longest suffix a continue may compute there now (`tokens`)."""
 COEFFICIENTS: Final = "coefficients"
 RETENTION_S: Final = "retention_s"
 """Learned: how long a conversation's handle is kept (a quantile of the gaps between turns)."""

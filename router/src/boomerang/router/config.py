@@ -164,11 +164,20 @@ class Tuning(_Model):
     continue_max_suffix_tokens: int = Field(
         default=1024, ge=0, description="Hard bound on the suffix a continued turn computes on D."
     )
-    itl_budget_s: float = Field(
-        default=0.05,
+    itl_budget_s: float | None = Field(
+        default=None,
         ge=0,
         description="Continue only while D's estimated cost of computing the suffix (the "
-        "inter-token latency its other streams see) stays within this budget.",
+        "inter-token latency its other streams see) stays within this budget. Unset: derived "
+        "per decoder, continue_tpot_tolerance of how long its streams decode (router-measured), "
+        "50 ms until one is measured.",
+    )
+    continue_tpot_tolerance: float = Field(
+        default=0.1,
+        gt=0,
+        le=1,
+        description="With itl_budget_s unset: the share of a co-running stream's time per output "
+        "token that one continued prefill may add (the budget is this times D's stream time).",
     )
     retention_quantile: float = Field(
         default=0.9,

@@ -19,6 +19,16 @@ stays within the ITL budget, so that no stream on D, a first turn's included, wa
 that behind continued prefills. P's observations carry the queue they waited behind in their
 computed tokens, so `p_compute` is P's throughput, not a time that grows with the load.
 
+The ITL budget is derived, not set for one machine (`itl_budget`): a continued prefill stalls
+each stream D is decoding once, by about its own cost on D; spread over that stream's decode
+time S (first token to last, the router's measure of the holder's recent streams) it adds
+cost / S to the stream's time per output token, so the budget is `tpot_tolerance * S` (10 %:
+one continue seen by a stream costs it at most a tenth of its TPOT). Until D has a measured
+stream (only non-streamed answers so far) the budget is `FALLBACK_ITL_BUDGET_S`; an operator
+may still pin one (`itl_budget_s`). The queue term keeps continues that overlap within one
+budget; successive continues a long stream sees each add their share (measured by the
+production benchmark's TPOT, not bounded here).
+
 Pull minus recompute is `p_pull_fixed - (p_compute - p_pull) * reusable`, so the break-even is
 one history length and does not depend on the suffix. The engine's `kv_recompute_threshold` is a
 floor: P would recompute below it whatever the router sends, so pull is never allowed there.
@@ -42,7 +52,7 @@ its own observations, D computes a token as fast as P was measured to (one model
 accelerator in both roles), so the first continues are allowed by what the engines showed, not
 by a number set for one machine; the first continue observed starts the continue fit from that
 rate (from the static prior, one observation left D at 5x P's rate again: measured, every
-continue after the first was refused). What D's other streams may wait is the ITL budget.
+continue after the first was refused). What D's other streams may wait is the ITL budget (above).
 """
 
 from __future__ import annotations
@@ -99,6 +109,9 @@ class Shape:
     """Work queued on P before this turn (tokens it computes first)."""
     d_queue_tokens: float = 0.0
     """Prefill work of continued turns on the holder before this one's (tokens)."""
+    d_stream_s: float = 0.0
+    """How long the holder's streams decode, first token to last (recent mean; 0: not
+    measured): what the ITL budget is derived from (`itl_budget`)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.reusable_tokens <= self.prompt_tokens:
@@ -107,6 +120,8 @@ class Shape:
             raise ValueError(f"need 0 <= p_cached_tokens <= prompt_tokens, got {self}")
         if not (self.p_queue_tokens >= 0 and self.d_queue_tokens >= 0):
             raise ValueError(f"need queues >= 0, got {self}")
+        if not (math.isfinite(self.d_stream_s) and self.d_stream_s >= 0):
+            raise ValueError(f"need a finite d_stream_s >= 0, got {self}")
 
     @property
     def _reach(self) -> int:
@@ -143,14 +158,20 @@ class Bounds:
     break_even_max_tokens: int = 1_000_000
     continue_on_decode: bool = True
     continue_max_suffix_tokens: int = 1024
-    itl_budget_s: float = 0.05
+    itl_budget_s: float | None = None
+    """What a continued prefill may stall D's other streams; None: derived (`itl_budget`)."""
+    tpot_tolerance: float = 0.1
+    """The share of a stream's time per output token one continue it sees may add."""
 
     def __post_init__(self) -> None:
         ints = (self.floor_tokens, self.break_even_min_tokens, self.break_even_max_tokens)
         if min(*ints, self.continue_max_suffix_tokens) < 0:
             raise ValueError(f"token bounds must be >= 0, got {self}")
-        if not (math.isfinite(self.itl_budget_s) and self.itl_budget_s >= 0):
-            raise ValueError(f"itl_budget_s must be finite and >= 0, got {self.itl_budget_s}")
+        budget = self.itl_budget_s
+        if budget is not None and not (math.isfinite(budget) and budget >= 0):
+            raise ValueError(f"itl_budget_s must be finite and >= 0, got {budget}")
+        if not (math.isfinite(self.tpot_tolerance) and 0 < self.tpot_tolerance <= 1):
+            raise ValueError(f"tpot_tolerance must be in (0, 1], got {self.tpot_tolerance}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,9 +243,25 @@ def break_even(c: Coefficients, bounds: Bounds) -> float:
     return float(max(lo, min(tokens, bounds.break_even_max_tokens)))
 
 
-def continue_limit(c: Coefficients, bounds: Bounds) -> int:
+FALLBACK_ITL_BUDGET_S: Final = 0.05
+"""The ITL budget while the holder's streams are unmeasured (its answers so far not streamed)."""
+
+
+def itl_budget(bounds: Bounds, d_stream_s: float = 0.0) -> float:
+    """What a continued prefill may stall the holder's other streams (module docs): the
+    operator's value when set, else `tpot_tolerance` of the holder's measured stream time,
+    else the fallback."""
+    if bounds.itl_budget_s is not None:
+        return bounds.itl_budget_s
+    if d_stream_s > 0:
+        return bounds.tpot_tolerance * d_stream_s
+    return FALLBACK_ITL_BUDGET_S
+
+
+def continue_limit(c: Coefficients, bounds: Bounds, d_stream_s: float = 0.0) -> int:
     """Longest suffix the continue path may take (0 when it is off): the hard bound, or less
-    where D's co-running streams would wait longer than the ITL budget.
+    where D's co-running streams would wait longer than the ITL budget (`itl_budget`, from
+    `d_stream_s`, the holder's measured stream time).
 
     The wait is estimated as the continue turn's own cost on D, `d_fixed + d_compute * suffix`:
     on the CPU engine the longest extra gap a co-running stream saw while D served a continue
@@ -234,7 +271,7 @@ def continue_limit(c: Coefficients, bounds: Bounds) -> int:
     if not bounds.continue_on_decode:
         return 0
     limit = bounds.continue_max_suffix_tokens
-    left = bounds.itl_budget_s - c.d_fixed_s
+    left = itl_budget(bounds, d_stream_s) - c.d_fixed_s
     if left < 0:
         return 0
     if c.d_compute_s_per_token > 0:
@@ -258,13 +295,16 @@ def decide(c: Coefficients, shape: Shape, bounds: Bounds) -> Choice:
     forced = Path.PULL in allowed and r >= bounds.break_even_max_tokens
     if forced:
         notes.append(f"pull forced: reusable {r} >= {bounds.break_even_max_tokens}")
-    limit, on_d = continue_limit(c, bounds), shape.continue_tokens
+    limit, on_d = continue_limit(c, bounds, shape.d_stream_s), shape.continue_tokens
     queued = math.ceil(shape.d_queue_tokens)
     if shape.holder and on_d > 0 and on_d + queued <= limit:
         allowed.append(Path.CONTINUE)
     elif shape.holder and bounds.continue_on_decode:
         behind = f" behind {queued} queued" if queued else ""
-        notes.append(f"no continue: {on_d} to compute on D{behind}, limit {limit}")
+        budget = itl_budget(bounds, shape.d_stream_s) * 1000
+        notes.append(
+            f"no continue: {on_d} to compute on D{behind}, limit {limit} ({budget:.0f} ms budget)"
+        )
     costs = {p: estimate[p] for p in _PREFERENCE if p in allowed}
     best: Path | None = None
     for p in costs:
@@ -374,6 +414,6 @@ class CostModel:
         del suffix_tokens
         return break_even(self.coefficients(), bounds)
 
-    def continue_limit_tokens(self, bounds: Bounds) -> int:
+    def continue_limit_tokens(self, bounds: Bounds, d_stream_s: float = 0.0) -> int:
         """Longest suffix the continue path may take (see `continue_limit`)."""
-        return continue_limit(self.coefficients(), bounds)
+        return continue_limit(self.coefficients(), bounds, d_stream_s)

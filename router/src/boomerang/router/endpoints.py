@@ -19,6 +19,7 @@ least loaded one.
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +30,11 @@ Role = Literal["prefill", "decode"]
 
 MAX_DEPARTED = 4096
 """Departed URLs remembered per pool: far more pods than a pool churns through in a TTL."""
+STREAM_WEIGHT = 0.1
+"""Weight of the newest stream in `Endpoint.stream_s`: about the last ten streams, so it
+follows a change of load within seconds of traffic and one long answer moves it by a tenth."""
+MAX_STREAM_S = 3600.0
+"""A longer stream is a stall or a clock jump, not a decode time: ignored."""
 
 
 @dataclass(eq=False)
@@ -47,6 +53,10 @@ class Endpoint:
     prefilling: float = 0.0
     """Decode: the tokens it computes itself for turns sent straight to it (continued on the
     holder) that have not had their first token: prefill work its other streams wait behind."""
+    stream_s: float = 0.0
+    """Decode: how long its streams decode, first token to last (a moving mean of the
+    router's measures, `streamed`; 0 until one is measured): the continue path's ITL budget
+    is a share of it (`costmodel.itl_budget`)."""
     failures: int = 0
     ejected: bool = False
     lost_at: float = 0.0
@@ -79,6 +89,12 @@ class Endpoint:
     def ready(self) -> bool:
         """Answered a health probe and is not ejected."""
         return self.probed_ok and not self.ejected
+
+    def streamed(self, seconds: float) -> None:
+        """One stream's decode time (first token to last) into `stream_s`."""
+        if math.isfinite(seconds) and 0 < seconds < MAX_STREAM_S:
+            old = self.stream_s
+            self.stream_s = seconds if old <= 0 else old + STREAM_WEIGHT * (seconds - old)
 
 
 @dataclass

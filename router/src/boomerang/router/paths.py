@@ -23,11 +23,12 @@ measurements; observing changes no `static` decision):
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from boomerang.connector import router_state as state
 from boomerang.router.config import RouterConfig
-from boomerang.router.costmodel import Bounds, Choice, CostModel, Path, Shape
+from boomerang.router.costmodel import Bounds, Choice, CostModel, Path, Shape, itl_budget
 from boomerang.router.metrics import Metrics
 
 
@@ -55,6 +56,7 @@ class PathBook:
             continue_on_decode=t.continue_on_decode,
             continue_max_suffix_tokens=t.continue_max_suffix_tokens,
             itl_budget_s=t.itl_budget_s,
+            tpot_tolerance=t.continue_tpot_tolerance,
         )
 
     def choose(
@@ -106,13 +108,23 @@ class PathBook:
             self.metrics.cost_coefficient.labels(name).set(value)
         self.metrics.break_even_tokens.set(self.break_even_tokens())
 
-    def state(self) -> dict[str, Any]:
-        """The path choice's part of `GET /boomerang/v1/state`."""
+    def state(self, streams: Mapping[str, float] | None = None) -> dict[str, Any]:
+        """The path choice's part of `GET /boomerang/v1/state`; `streams`, each decoder's
+        measured stream time (`Endpoint.stream_s`), which its continue limit derives from."""
         bounds = self.bounds()
+        limits = {
+            url: {
+                "stream_s": s,
+                "itl_budget_s": itl_budget(bounds, s),
+                "tokens": self.model.continue_limit_tokens(bounds, s),
+            }
+            for url, s in (streams or {}).items()
+        }
         return {
             state.MODE: self.config.tuning.mode,
             state.BREAK_EVEN_TOKENS: self.break_even_tokens(),
             state.CONTINUE_LIMIT_TOKENS: self.model.continue_limit_tokens(bounds),
+            state.CONTINUE_LIMITS: limits,
             state.PATH_COUNTS: {str(p): n for p, n in self.counts.items()},
             state.COEFFICIENTS: self.model.coefficients().as_metrics(),
         }

@@ -56,6 +56,8 @@ class Facts:
     """Work queued on the chosen P before this turn (the router's accounting, tokens)."""
     d_queue_tokens: float = 0.0
     """Prefill work of turns continued on the holder before this one (tokens)."""
+    d_stream_s: float = 0.0
+    """How long the holder's streams decode (`Endpoint.stream_s`; 0: not measured)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.reusable_tokens <= self.prompt_tokens:
@@ -113,6 +115,7 @@ def _choose(facts: Facts, model: CostModel, bounds: Bounds, holder: bool) -> Cho
         d_held_tokens=facts.d_held_tokens,
         p_queue_tokens=facts.p_queue_tokens,
         d_queue_tokens=facts.d_queue_tokens,
+        d_stream_s=facts.d_stream_s,
     )
     return model.choose(shape, bounds)
 

@@ -76,7 +76,8 @@ class Serving:
         """What is in force (`GET /boomerang/v1/state`): mode, break-even, paths taken, the
         cost model's coefficients, and retention's part."""
         kv = {router_state.KV_INDEX: self.kv.summary()} if self.kv is not None else {}
-        return {**self.paths.state(), **self.retention.state(), **kv}
+        streams = {url: ep.stream_s for url, ep in self.decode.endpoints.items()}
+        return {**self.paths.state(streams), **self.retention.state(), **kv}
 
     # -- the engines of a role -----------------------------------------------------------------
 
@@ -200,9 +201,12 @@ class Serving:
         cached: Cached = "own"
         if stage == "d" and not turn.alone:
             cached = "unknown" if turn.p_cached is None else turn.p_cached
-        return await call_and_answer(
+        result = await call_and_answer(
             request, self.engines, call, turn.req, mode, t, lambda: self._on_first(turn), cached
         )
+        if mode == "stream" and result.finished and turn.first_at:
+            ep.streamed(time.perf_counter() - turn.first_at)  # D's decode time (costmodel)
+        return result
 
     def _on_first(self, turn: Turn) -> None:
         if not turn.first_sent:

@@ -39,10 +39,12 @@ class ContinueOnDecodeSpec(Model):
     max_suffix_tokens: int = Field(
         1024, description="Hard bound: longer new suffixes never continue on D.", ge=1
     )
-    itl_budget: Duration = Field(
-        "50ms",
+    itl_budget: Duration | None = Field(
+        None,
         description="Continue only while D's estimated inter-token-latency cost of computing "
-        "the suffix stays within this (positive).",
+        "the suffix stays within this (positive). Unset: derived per decoder, a tenth of how "
+        "long its streams decode as the router measures them (one continue adds at most 10 % "
+        "to a co-running stream's time per output token), 50ms until one is measured.",
     )
 
 

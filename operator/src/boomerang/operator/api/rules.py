@@ -81,6 +81,10 @@ _ROUTER_TTL_SET = (
     f"({cel.present('router.conversationTTL')} && {_ROUTER_TTL}.matches('{DURATION_RE}'))"
 )
 _ANNOTATIONS = "self.router.service.annotations"
+_ITL = f"self.{_TUNING}.continueOnDecode.itlBudget"
+_ITL_SET = (
+    f"({cel.present(f'{_TUNING}.continueOnDecode.itlBudget')} && {_ITL}.matches('{DURATION_RE}'))"
+)
 
 
 def _gpus_rule(role: Role) -> Rule[SpecFields]:
@@ -264,11 +268,13 @@ RULES: tuple[Rule[SpecFields], ...] = (
         ),
     ),
     Rule(
-        cel=f"!{_well_formed(f'{_TUNING}.continueOnDecode.itlBudget')} || "
-        f"{_duration(f'{_TUNING}.continueOnDecode.itlBudget')} > duration('0s')",
+        cel=f"!{_ITL_SET} || duration({_ITL}) > duration('0s')",
         message="spec.kvTransfer.tuning.continueOnDecode.itlBudget must be positive",
         field_path=".kvTransfer.tuning.continueOnDecode.itlBudget",
-        check=lambda s: duration_ns(s.kv_transfer.tuning.continue_on_decode.itl_budget) > 0,
+        check=lambda s: (
+            (budget := s.kv_transfer.tuning.continue_on_decode.itl_budget) is None
+            or duration_ns(budget) > 0
+        ),
     ),
     Rule(
         cel=f"!{_well_formed(_MIN)} || {_duration(_MIN)} > duration('0s')",
