@@ -66,6 +66,21 @@ async def test_stores_and_removals_are_followed(engine: FakePublisher) -> None:
     await stop(task)
 
 
+async def test_holds_names_a_block_any_of_the_engines_holds(engine: FakePublisher) -> None:
+    """What retention asks (`Index.holds`): does any of these engines hold that block."""
+    index, task, _ = follow(engine)
+    await until(lambda: engine.replays)
+    await asyncio.sleep(0.2)
+    await engine.send(stored(IDS, BS))
+    await until(lambda: held(index) == 64)
+    last = index.hashes(IDS)[-1]
+    assert index.holds(last, [URL]) and index.holds(last, ["http://other", URL])
+    assert not index.holds(last, ["http://other"]) and not index.holds(last, [])
+    await engine.send(removed(HASHES[-1:]))
+    await until(lambda: not index.holds(last, [URL]))
+    await stop(task)
+
+
 async def test_a_router_started_later_learns_what_was_stored_before(engine) -> None:
     await engine.send(stored(IDS, BS))
     index, task, _ = follow(engine)

@@ -53,6 +53,7 @@ class Recorder:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, Any, ...]] = []
+        self.probes: list[int | None] = []
 
     def filed(
         self,
@@ -63,8 +64,10 @@ class Recorder:
         *,
         replaced: Any = None,
         hint_s: float | None = None,
+        p_probe: int | None = None,
     ) -> None:
         self.calls.append(("filed", key, handle, replaced))
+        self.probes.append(p_probe)
 
     def taken(self, key: bytes, tenant: str, now: float) -> None:
         self.calls.append(("taken", key))
@@ -325,3 +328,26 @@ async def streamed_conversation(w: Any, turns: int) -> None:
         text = "".join(c["choices"][0]["delta"].get("content", "") for c in events if c["choices"])
         await filed(w, i + 1)
         messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "go"}]
+
+
+async def test_a_filed_lease_names_the_last_block_of_the_prompt_p_computed(world: Any) -> None:
+    """Retention releases first, under D's budget, the leases whose history P still holds; it
+    asks the KV index about the last whole block of each turn's prompt, which the flow names
+    when it files the handle (unverified first turn and verified follow-up alike)."""
+    from fake_tokenizer import render_chat
+
+    from boomerang.router import blockhash
+
+    w = await world(**ADAPTIVE)
+    router, retention = router_of(w)
+    assert router.kv is not None
+    router.kv.block_size = 16  # as the engines' KV events say
+    messages = [{"role": "user", "content": "hello there " * 20}]
+    prompts = []
+    for i in range(2):
+        prompts.append(render_chat(messages))
+        status, body = await post(w, chat(messages, conversation_id="k"))
+        assert status == 200, body
+        await filed(w, i + 1)
+        messages = [*messages, body["choices"][0]["message"], {"role": "user", "content": "go"}]
+    assert retention.probes == [blockhash.prompt_hashes(ids, 16)[-1] for ids in prompts]

@@ -3,6 +3,7 @@ the leases D holds for the router: pure, with synthetic clocks and seeded log-no
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from statistics import NormalDist
@@ -266,6 +267,20 @@ def test_over_budget_releases_soonest_deadlines_first_down_to_the_budget() -> No
     assert [x.key for x in out] == [b"k1", b"k2", b"k0"]  # 25 <= 30
     assert len(ledger.over_budget("http://d0", total_blocks=100, fraction=0.0)) == 4
     assert ledger.over_budget("http://d0", total_blocks=0, fraction=0.5) == []  # unknown total
+
+
+def test_over_budget_releases_first_what_p_still_holds() -> None:
+    """Under D's budget, a lease whose history a prefill engine still holds goes first (P
+    recomputes it from its own cache); what P forgot stays (only a pull brings it back)."""
+    ledger = Ledger()
+    probes = {"soon": 1, "mid": 2, "late": 3, "none": None}
+    for key, ttl in (("soon", 10), ("mid", 20), ("late", 30), ("none", 5)):
+        ledger.add(dataclasses.replace(lease(key, 25, ttl=ttl), p_probe=probes[key]))
+    on_p = {3}.__contains__  # P holds only the latest-due lease's history
+    out = ledger.over_budget("http://d0", total_blocks=100, fraction=0.5, p_holds=on_p)
+    assert [x.key for x in out] == [b"late", b"none"]  # then soonest due; no probe: not on P
+    out = ledger.over_budget("http://d0", total_blocks=100, fraction=0.5)  # no index
+    assert [x.key for x in out] == [b"none", b"soon"]
 
 
 def test_block_seconds_integrate_held_blocks_over_time() -> None:

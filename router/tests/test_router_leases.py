@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -81,7 +82,13 @@ def handle(rid: str, blocks: int = 2, url: str = D, expires: float = NOW + 40) -
 
 
 class World:
-    def __init__(self, mode: str = "adaptive", kv_blocks: int | None = None, **tuning: Any):
+    def __init__(
+        self,
+        mode: str = "adaptive",
+        kv_blocks: int | None = None,
+        p_holds: Callable[[int], bool] | None = None,
+        **tuning: Any,
+    ):
         self.config = config(mode, **tuning)
         self.store = MemoryStore(100)
         self.leases = FakeLeases()
@@ -93,12 +100,16 @@ class World:
             self.leases,  # type: ignore[arg-type]
             self.metrics,
             decoders=lambda: {D: kv_blocks},
+            p_holds=p_holds,
             clock=lambda: self.clock,
         )
 
-    async def file(self, key: bytes, h: Handle, tenant: str = "t", at: float | None = None) -> None:
+    async def file(
+        self, key: bytes, h: Handle, tenant: str = "t", at: float | None = None, probe: int = 0
+    ) -> None:
         replaced = await self.store.put(key, h)
-        self.retention.filed(key, h, tenant, self.clock if at is None else at, replaced=replaced)
+        now = self.clock if at is None else at
+        self.retention.filed(key, h, tenant, now, replaced=replaced, p_probe=probe or None)
 
     def counter(self, name: str, **labels: str) -> float:
         value = self.metrics.registry.get_sample_value(name, labels)
@@ -291,6 +302,18 @@ async def test_over_the_memory_budget_the_soonest_due_leases_go_first() -> None:
     assert w.retention.ledger.held_blocks(D) == 6
     state = w.retention.state()
     assert state["retained_blocks"] == 6 and state["retained_fraction"] == 0.6
+
+
+async def test_over_the_memory_budget_what_p_still_holds_goes_first() -> None:
+    """The same budget, with the KV index saying P still holds r2's and r3's histories: those
+    go, though r0 and r1 are due sooner: theirs, which P forgot, stay on D for a pull."""
+    w = World(kv_blocks=10, decode_memory_budget=0.7, p_holds={102, 103}.__contains__)
+    w.learn(20.0)
+    for i in range(5):
+        await w.file(f"k{i}".encode(), handle(f"r{i}", blocks=2), at=NOW + i, probe=100 + i)
+    await w.retention.sweep(NOW + 5)  # 10 > 7: release 2 leases
+    assert sorted(w.leases.ids()) == ["r2", "r3"]
+    assert w.retention.ledger.get(b"k0") is not None and w.retention.ledger.get(b"k1")
 
 
 async def test_superseded_hands_over_a_taken_handle_for_release() -> None:

@@ -129,8 +129,14 @@ def _lifecycle(strategy: Strategy | None, store: ConversationStore | None) -> An
         leases = LeaseClient(config)
         claims = Claims(leases, metrics)
         index = Index(config.kv_events.hash_seed, metrics) if config.kv_events.enabled else None
+        p_holds = partial(_prefill_holds, index, pools[0]) if index is not None else None
         retention = app[RETENTION] = Retention(
-            config, the_store, leases, metrics, decoders=partial(_kv_blocks, pools[1])
+            config,
+            the_store,
+            leases,
+            metrics,
+            decoders=partial(_kv_blocks, pools[1]),
+            p_holds=p_holds,
         )
         app[ROUTER] = Router(
             config,
@@ -176,6 +182,11 @@ def _engine_urls(pools: list[Pool]) -> list[str]:
 def _kv_blocks(decode: Pool) -> dict[str, int | None]:
     """Each decode engine's KV cache size in blocks, as its `/metrics` said."""
     return {ep.url: ep.kv_blocks for ep in decode.endpoints.values()}
+
+
+def _prefill_holds(index: Index, prefill: Pool, block: int) -> bool:
+    """Whether a prefill engine holds the block named `block` (the KV index's view)."""
+    return index.holds(block, prefill.endpoints)
 
 
 def _watchers(

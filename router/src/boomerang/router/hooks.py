@@ -43,6 +43,7 @@ class RetentionHooks(Protocol):
         *,
         replaced: Any = None,
         hint_s: float | None = None,
+        p_probe: int | None = None,
     ) -> None: ...
 
     def taken(self, key: bytes, tenant: str, now: float) -> None: ...
@@ -68,6 +69,7 @@ class NoRetention:
         *,
         replaced: Any = None,
         hint_s: float | None = None,
+        p_probe: int | None = None,
     ) -> None:
         return None
 

@@ -152,6 +152,14 @@ class Index:
         found = self.blocks.prefixes(hashes, bits.values())
         return {u: found.get(b, 0) * size for u, b in bits.items()}
 
+    def holds(self, h: int, urls: Iterable[str]) -> bool:
+        """Whether any of the engines `urls` holds the block named `h`."""
+        if not self.usable:
+            return False
+        bits = [b for u in urls if (b := self.engines.known(u)) is not None]
+        mask = self.blocks.holders(h)
+        return any(mask >> b & 1 for b in bits)
+
     def summary(self) -> dict[str, Any]:
         """The index in the router's state document (`router_state.KV_INDEX`)."""
         counts = self.blocks.counts()

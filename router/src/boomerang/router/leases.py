@@ -86,6 +86,7 @@ class Retention:
         metrics: Metrics,
         *,
         decoders: Callable[[], Mapping[str, int | None]] | None = None,
+        p_holds: Callable[[int], bool] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._config = config
@@ -95,6 +96,9 @@ class Retention:
         self._decoders = decoders or dict
         """The decode engines' URLs and their KV blocks in all (from their `/metrics`); None
         or 0: unknown, so no budget applies to that engine."""
+        self._p_holds = p_holds
+        """Whether a prefill engine holds a block (the KV index; None: no index): leases whose
+        history P still holds go first when D is over its budget (`Ledger.over_budget`)."""
         self._clock = clock
         self.learner = GapLearner()
         self.ledger = Ledger()
@@ -127,17 +131,20 @@ class Retention:
         *,
         replaced: Any = UNKNOWN,
         hint_s: float | None = None,
+        p_probe: int | None = None,
     ) -> None:
         """A handle was stored under `key`. `replaced` is what that put replaced (the store's
         `put` returns it); a replaced lease is released only when its handle was provably in
         the store (then no turn holds it): the replaced handle is its own, or the store is this
         process's memory store, where `taken` drops a lease in the step its handle left.
-        `hint_s`, the client's capped hint, replaces the learned retention of this lease."""
+        `hint_s`, the client's capped hint, replaces the learned retention of this lease;
+        `p_probe` names the last block of the prompt P computed (`Lease.p_probe`)."""
         if not self.adaptive:
             return
         lease = self._lease(key, handle, tenant, now, hint_s)
         if lease is None:
             return
+        lease = replace(lease, p_probe=p_probe)
         old = self.ledger.add(lease, now)
         if old is None or old.request_id == lease.request_id:
             return
@@ -217,7 +224,8 @@ class Retention:
         fraction = self._config.tuning.decode_memory_budget
         for url, total in self._decoders().items():
             if total:
-                await self._reclaim(self.ledger.over_budget(url, total, fraction), "budget", now)
+                over = self.ledger.over_budget(url, total, fraction, self._p_holds)
+                await self._reclaim(over, "budget", now)
         for lease, at_least_s in self.ledger.censored(now):  # released, and never came back
             self.learner.observe_censored(lease.tenant, at_least_s, now)
 
@@ -343,8 +351,9 @@ class Retention:
         await self._put_back(key, renewed, now)
         if self.adaptive:  # the client asked to keep it: the sweeper leaves it until then
             blocks = block_count(renewed.kv_params())
-            lease = Lease(key, handle.decode_url, rid, blocks, now, expires, tenant)
-            self.ledger.add(lease, now)
+            probe = lease.p_probe if lease is not None else None
+            renewed_lease = Lease(key, handle.decode_url, rid, blocks, now, expires, tenant, probe)
+            self.ledger.add(renewed_lease, now)
         return Renewed(max(0.0, expires - now))
 
     # -- state, lifecycle ------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -212,6 +213,9 @@ class Lease:
     deadline: float
     """When the router releases it unless a turn takes it first."""
     tenant: str
+    p_probe: int | None = None
+    """The KV index's hash of the last whole block of the prompt P computed for it (None: no
+    index): while a prefill engine still holds that block, losing the lease costs little."""
 
 
 class Ledger:
@@ -256,15 +260,27 @@ class Ledger:
         self._advance(now)
         return sorted((x for x in self._leases.values() if x.deadline <= now), key=_deadline)
 
-    def over_budget(self, decode_url: str, total_blocks: int, fraction: float) -> list[Lease]:
-        """The leases of `decode_url` to release, soonest deadline first, so that what it holds
-        is <= fraction * total_blocks (none while the total is unknown, <= 0)."""
+    def over_budget(
+        self,
+        decode_url: str,
+        total_blocks: int,
+        fraction: float,
+        p_holds: Callable[[int], bool] | None = None,
+    ) -> list[Lease]:
+        """The leases of `decode_url` to release so that what it holds is <= fraction *
+        total_blocks (none while the total is unknown, <= 0): first those whose history a
+        prefill engine still holds (`p_holds` of their `p_probe`: P recomputes from its own
+        cache what they would bring), then the rest; soonest deadline first within each.
+        What is kept is what P forgot, which only a pull brings back cheaply."""
         excess = self.held_blocks(decode_url) - fraction * total_blocks
         if total_blocks <= 0 or excess <= 0:
             return []
-        mine = sorted(
-            (x for x in self._leases.values() if x.decode_url == decode_url), key=_deadline
-        )
+
+        def order(lease: Lease) -> tuple[bool, float]:
+            on_p = p_holds is not None and lease.p_probe is not None and p_holds(lease.p_probe)
+            return (not on_p, lease.deadline)
+
+        mine = sorted((x for x in self._leases.values() if x.decode_url == decode_url), key=order)
         out: list[Lease] = []
         for lease in mine:
             if excess <= 0:

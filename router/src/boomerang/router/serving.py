@@ -248,9 +248,23 @@ class Serving:
         self.metrics.handles_stored.inc()
         now = time.time()
         hint = turn.req.retention.applied_s if turn.req.retention is not None else None
-        self.retention.filed(key, handle, turn.tenant, now, replaced=replaced, hint_s=hint)
+        probe = self._p_probe(turn, result)
+        self.retention.filed(
+            key, handle, turn.tenant, now, replaced=replaced, hint_s=hint, p_probe=probe
+        )
         turn.retention_learned_s = self.retention.learned_s(turn.tenant, now)
         return True
+
+    def _p_probe(self, turn: Turn, result: DecodeResult) -> int | None:
+        """The index's name of the prompt's last whole block (`Lease.p_probe`): while a prefill
+        engine holds it, P holds this history. None without the index or the prompt's ids."""
+        if self.kv is None:
+            return None
+        if turn.prompt_ids is not None:
+            hashes = self._hashes(turn)
+        else:
+            hashes = self.kv.hashes(result.prompt_ids) if result.prompt_ids else None
+        return hashes[-1] if hashes else None
 
     def place(self, turn: Turn, result: DecodeResult, d_ep: Endpoint) -> None:
         """Remember where this turn ran, under the key its next turn will look up."""
