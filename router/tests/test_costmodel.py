@@ -47,17 +47,28 @@ def coeffs(**changes: float) -> Coefficients:
     return dataclasses.replace(TRUE, **changes)
 
 
+BUSY = 1000
+"""Streams on a holder so busy that no continue over the ITL budget pays (the overrun rule
+has tests of its own, below)."""
+
+
 def shape(reusable: int, suffix: int = 40, holder: bool = False) -> Shape:
-    return Shape(reusable + suffix, reusable, holder)
+    return Shape(reusable + suffix, reusable, holder, d_streams=BUSY)
 
 
-def allowed(s: Shape, b: Bounds, limit: int) -> set[Path]:
+def allowed(s: Shape, b: Bounds, limit: int, c: Coefficients) -> set[Path]:
     """The rules of the brief, restated independently of the implementation."""
     out = {Path.RECOMPUTE}
     if s.reusable_tokens > 0 and s.reusable_tokens >= max(b.floor_tokens, b.break_even_min_tokens):
         out.add(Path.PULL)
     if s.holder and b.continue_on_decode and 0 < s.suffix_tokens <= limit:
         out.add(Path.CONTINUE)
+    elif s.holder and b.continue_on_decode and 0 < s.suffix_tokens <= b.continue_max_suffix_tokens:
+        cost = c.costs(s)
+        waits_less = min(cost[p] for p in out) - cost[Path.CONTINUE]
+        others_wait = s.d_streams * (cost[Path.CONTINUE] - itl_budget(b, s.d_stream_s))
+        if waits_less > others_wait:
+            out.add(Path.CONTINUE)
     return out
 
 
@@ -180,7 +191,7 @@ def test_a_holder_with_longer_streams_takes_longer_continues() -> None:
     b = Bounds(floor_tokens=0)
     assert continue_limit(c, b, 2.0) == 180
     assert continue_limit(c, b, 0.15) == 0
-    long_streams = Shape(4096, 4000, True, d_stream_s=2.0)
+    long_streams = Shape(4096, 4000, True, d_stream_s=2.0, d_streams=BUSY)
     assert decide(c, long_streams, b).path is Path.CONTINUE
     short = decide(c, dataclasses.replace(long_streams, d_stream_s=0.15), b)
     assert Path.CONTINUE not in short.costs
@@ -384,10 +395,14 @@ bounds = st.builds(
     itl_budget_s=st.floats(0, 1, allow_nan=False),
 )
 shapes = st.builds(
-    lambda prompt, frac, holder: Shape(prompt, int(prompt * frac), holder),
+    lambda prompt, frac, holder, streams, stream_s: Shape(
+        prompt, int(prompt * frac), holder, d_streams=streams, d_stream_s=stream_s
+    ),
     tokens,
     st.floats(0, 1),
     st.booleans(),
+    st.integers(0, 64),
+    st.floats(0, 30),
 )
 observations = st.lists(
     st.tuples(st.sampled_from(["prefill", "first", "continue"]), tokens, tokens, seconds),
@@ -418,7 +433,7 @@ def test_any_observations_keep_the_model_sane(
     limit = m.continue_limit_tokens(b)
     assert 0 <= limit <= b.continue_max_suffix_tokens
     choice: Choice = m.choose(s, b)
-    permitted = allowed(s, b, limit)
+    permitted = allowed(s, b, limit, c)
     assert choice.path in permitted
     assert set(choice.costs) == permitted
     assert all(math.isfinite(v) and v >= 0 for v in choice.costs.values())
@@ -596,13 +611,48 @@ def test_a_fit_without_data_is_its_prior_and_forgets_old_data() -> None:
 def test_a_queued_decoder_refuses_a_continue_that_would_overrun_the_itl_budget() -> None:
     """limit at TRUE: (50 ms - 10 ms) / 0.2 ms = 200 tokens; D already prefilling 150 of
     another continued turn leaves room for 50."""
-    idle = Shape(1000, 900, True, d_queue_tokens=0)
-    busy = Shape(1000, 900, True, d_queue_tokens=150)
+    idle = Shape(1000, 900, True, d_queue_tokens=0, d_streams=BUSY)
+    busy = Shape(1000, 900, True, d_queue_tokens=150, d_streams=BUSY)
     assert decide(TRUE, idle, B).path is Path.CONTINUE
     choice = decide(TRUE, busy, B)
     assert Path.CONTINUE not in choice.costs
     assert "behind 150 queued" in choice.reason
-    assert Path.CONTINUE in decide(TRUE, Shape(1000, 960, True, d_queue_tokens=150), B).costs
+    shorter = Shape(1000, 960, True, d_queue_tokens=150, d_streams=BUSY)
+    assert Path.CONTINUE in decide(TRUE, shorter, B).costs
+
+
+@pytest.mark.parametrize(
+    ("streams", "p_queue", "path"),
+    [
+        # 400 tokens on D: 10 + 0.2 * 400 = 90 ms, 40 over the 50 ms budget; a pull 198 ms
+        (0, 0, Path.CONTINUE),  # saves 108 ms and stalls nobody
+        (4, 0, Path.PULL),  # 4 streams wait 40 ms more each: 160 ms, more than it saves
+        (8, 5000, Path.CONTINUE),  # P busy (0.5 s more for its legs): saves 608, costs 320 ms
+        (16, 5000, Path.PULL),  # 640 ms for the streams: more than the turn saves
+    ],
+)
+def test_over_the_budget_a_continue_runs_only_where_it_pays_in_everyones_waiting(
+    streams: int, p_queue: int, path: Path
+) -> None:
+    """The first follow-ups of a burst: each continue queues behind the others on D and is
+    over the ITL budget, while P is busy with first turns."""
+    s = Shape(4400, 4000, True, p_queue_tokens=p_queue, d_streams=streams)
+    choice = decide(TRUE, s, B)
+    assert choice.path is path
+    assert continue_limit(TRUE, B) == 200  # within the budget alone it would be refused
+    if Path.CONTINUE in choice.costs:
+        assert "continue over the 50 ms budget" in choice.reason
+
+
+def test_no_overrun_goes_past_the_hard_bound() -> None:
+    b = Bounds(floor_tokens=FLOOR, continue_max_suffix_tokens=300)
+    s = Shape(4400, 4000, True, p_queue_tokens=50_000, d_streams=0)
+    assert Path.CONTINUE not in decide(TRUE, s, b).costs
+
+
+def test_streams_cannot_be_negative() -> None:
+    with pytest.raises(ValueError, match="d_streams"):
+        Shape(10, 0, True, d_streams=-1)
 
 
 def test_ps_queue_is_waited_for_by_both_p_legs_alike() -> None:

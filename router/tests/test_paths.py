@@ -294,14 +294,16 @@ OPENING = "tell me how the printing press changed the way news travelled across 
 
 async def test_the_itl_budget_derives_from_the_decoders_streams(world: Any) -> None:
     """Unpinned, the budget is a tenth of the holder's measured stream time: a fake D that
-    streams in milliseconds leaves no room for D's fixed cost (20 ms at the priors), so the
-    follow-up goes through P; one that takes about a second per stream allows a continue."""
+    streams in milliseconds leaves no room for D's fixed cost (20 ms at the priors), so on a
+    D serving many streams the follow-up goes through P; one that takes about a second per
+    stream allows a continue within the budget."""
     specs = {"prefill_spec": {"version": "0.33.0"}, "tuning": {"mode": "adaptive"}}
     fast = await world(decode_spec={"stream_params": True, "version": "0.33.0"}, **specs)
     router, _ = router_of(fast, SLOW_P)
     unmeasured = {"stream_s": 0.0, "itl_budget_s": 0.05, "tokens": 30}
     assert list(router.state()["continue_limits"].values()) == [unmeasured]
     # nothing measured yet: the fallback, (50 - 20) ms / 1 ms per token at the priors
+    busy(router)
     await streamed_conversation(fast, 2)
     await until(lambda: _equals(fast, "recompute", 1))
     assert (await paths(fast))["continue"] == 0
@@ -313,11 +315,34 @@ async def test_the_itl_budget_derives_from_the_decoders_streams(world: Any) -> N
     slow_d = {"stream_params": True, "version": "0.33.0", "chunk_delay_s": 0.25}
     slow = await world(decode_spec=slow_d, **specs)
     router, _ = router_of(slow, SLOW_P)
+    busy(router)
     await streamed_conversation(slow, 2)
     await until(lambda: _equals(slow, "continue", 1))
     (limit,) = router.state()["continue_limits"].values()
     assert limit["stream_s"] >= 0.75  # 4 words and the end, 0.25 s apart
     assert limit["tokens"] == math.floor((0.1 * limit["stream_s"] - 0.02) / 1e-3)
+
+
+def busy(router: Router) -> None:
+    """Every decoder serves a thousand other streams, as the router counts them: over the
+    ITL budget no continue pays (`costmodel._overrun_pays`)."""
+    for ep in router.decode.endpoints.values():
+        ep.inflight += 1000
+
+
+async def test_over_the_budget_an_idle_holder_still_takes_the_turn(world: Any) -> None:
+    """The same fast D (its budget below D's fixed cost) serving nothing else: a continue
+    stalls no stream and saves P's hop, so the follow-up continues all the same."""
+    fast = await world(
+        decode_spec={"stream_params": True, "version": "0.33.0"},
+        prefill_spec={"version": "0.33.0"},
+        tuning={"mode": "adaptive"},
+    )
+    router, _ = router_of(fast, SLOW_P)
+    await streamed_conversation(fast, 2)
+    await until(lambda: _equals(fast, "continue", 1))
+    (limit,) = router.state()["continue_limits"].values()
+    assert limit["tokens"] == 0  # within the budget alone it would have gone through P
 
 
 async def streamed_conversation(w: Any, turns: int) -> None:

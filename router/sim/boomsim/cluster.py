@@ -133,6 +133,7 @@ class Cluster:
             holder_continues=holder is not None and self.s.adaptive,
             p_cached_tokens=p.cached_tokens(conv, prompt),
             d_held_tokens=holder.cached_tokens(conv, prompt) if holder is not None else None,
+            d_streams=holder.load if holder is not None else 0,  # what a continue stalls
         )
         plan = self.planner.plan(facts)
         choice = plan.choice

@@ -29,6 +29,13 @@ may still pin one (`itl_budget_s`). The queue term keeps continues that overlap 
 budget; successive continues a long stream sees each add their share (measured by the
 production benchmark's TPOT, not bounded here).
 
+Over the budget a continue is still allowed where it pays in everyone's waiting
+(`_overrun_pays`): the turn saves `best other path - continue`, and each of the holder's
+streams (its requests in flight, the router's count) waits `continue - budget` more than the
+budget allows. Measured why (spare, 2026-12-05): the first follow-ups of eight conversations
+arrive together, each continue queues behind the others on D and overruns the budget, and the
+refused ones waited 0.5-1.4 s on P behind the first turns' prefills: the follow-up p99.
+
 Pull minus recompute is `p_pull_fixed - (p_compute - p_pull) * reusable`, so the break-even is
 one history length and does not depend on the suffix. The engine's `kv_recompute_threshold` is a
 floor: P would recompute below it whatever the router sends, so pull is never allowed there.
@@ -112,6 +119,9 @@ class Shape:
     d_stream_s: float = 0.0
     """How long the holder's streams decode, first token to last (recent mean; 0: not
     measured): what the ITL budget is derived from (`itl_budget`)."""
+    d_streams: int = 0
+    """Requests the holder is serving now (the router's count): the streams a continued
+    prefill stalls."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.reusable_tokens <= self.prompt_tokens:
@@ -122,6 +132,8 @@ class Shape:
             raise ValueError(f"need queues >= 0, got {self}")
         if not (math.isfinite(self.d_stream_s) and self.d_stream_s >= 0):
             raise ValueError(f"need a finite d_stream_s >= 0, got {self}")
+        if self.d_streams < 0:
+            raise ValueError(f"need d_streams >= 0, got {self}")
 
     @property
     def _reach(self) -> int:
@@ -301,10 +313,16 @@ def decide(c: Coefficients, shape: Shape, bounds: Bounds) -> Choice:
         allowed.append(Path.CONTINUE)
     elif shape.holder and bounds.continue_on_decode:
         behind = f" behind {queued} queued" if queued else ""
-        budget = itl_budget(bounds, shape.d_stream_s) * 1000
-        notes.append(
-            f"no continue: {on_d} to compute on D{behind}, limit {limit} ({budget:.0f} ms budget)"
-        )
+        budget = itl_budget(bounds, shape.d_stream_s)
+        paid = _overrun_pays(estimate, allowed, budget, shape.d_streams)
+        if 0 < on_d <= bounds.continue_max_suffix_tokens and paid is not None:
+            allowed.append(Path.CONTINUE)
+            notes.append(paid)
+        else:
+            notes.append(
+                f"no continue: {on_d} to compute on D{behind}, limit {limit} "
+                f"({budget * 1000:.0f} ms budget)"
+            )
     costs = {p: estimate[p] for p in _PREFERENCE if p in allowed}
     best: Path | None = None
     for p in costs:
@@ -315,6 +333,24 @@ def decide(c: Coefficients, shape: Shape, bounds: Bounds) -> Choice:
     assert best is not None
     shown = " ".join(f"{p}={s:.4f}s" for p, s in costs.items())
     return Choice(best, costs, "; ".join([f"{best}: cheapest of {shown}", *notes]))
+
+
+def _overrun_pays(
+    estimate: Mapping[Path, float], others: list[Path], budget: float, streams: int
+) -> str | None:
+    """A continue over the ITL budget, allowed when it pays in everyone's waiting: the turn
+    waits `best other - continue` less, each of the holder's `streams` waits `continue -
+    budget` more than the budget lets it (the stall, estimated as the continue's own cost).
+    The reason for the log when it pays; None when it does not."""
+    stall = estimate[Path.CONTINUE]
+    saved = min(estimate[p] for p in others) - stall
+    lost = streams * (stall - budget)
+    if saved <= lost:
+        return None
+    return (
+        f"continue over the {budget * 1000:.0f} ms budget: saves {saved * 1000:.0f} ms, "
+        f"costs {streams} streams {lost * 1000:.0f} ms"
+    )
 
 
 def _valid(*values: float) -> bool:

@@ -279,6 +279,7 @@ class Router(Serving):
             p_queue_tokens=max(0.0, turn.p_ep.work) if turn.p_ep is not None else 0.0,
             d_queue_tokens=max(0.0, holder.prefilling) if holder is not None else 0.0,
             d_stream_s=holder.stream_s if holder is not None else 0.0,
+            d_streams=max(0, holder.inflight) if holder is not None else 0,
         )
         if self.paths.adaptive:
             plan = adaptive_plan(facts, self.paths.model, self.paths.bounds())

@@ -58,6 +58,8 @@ class Facts:
     """Prefill work of turns continued on the holder before this one (tokens)."""
     d_stream_s: float = 0.0
     """How long the holder's streams decode (`Endpoint.stream_s`; 0: not measured)."""
+    d_streams: int = 0
+    """Requests the holder serves now (`Endpoint.inflight`): what a continue stalls."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.reusable_tokens <= self.prompt_tokens:
@@ -116,6 +118,7 @@ def _choose(facts: Facts, model: CostModel, bounds: Bounds, holder: bool) -> Cho
         p_queue_tokens=facts.p_queue_tokens,
         d_queue_tokens=facts.d_queue_tokens,
         d_stream_s=facts.d_stream_s,
+        d_streams=facts.d_streams,
     )
     return model.choose(shape, bounds)
 
