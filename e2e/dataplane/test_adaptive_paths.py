@@ -11,6 +11,7 @@ turn whose client hangs up at `[DONE]` still frees its old handle on D.
 
 from __future__ import annotations
 
+import math
 import random
 
 import pdclient
@@ -86,3 +87,28 @@ def test_short_suffixes_continue_on_the_holder_long_ones_go_through_p(dataplane)
     state = pdclient.get_json(f"{router}/boomerang/v1/state")
     assert state["mode"] == "adaptive" and state["paths"]["continue"] >= 1
     assert state["coefficients"]["p_compute_s_per_token"] > 0
+
+
+def test_the_continue_budget_derives_from_the_decoders_measured_streams(dataplane):
+    """With the API's defaults (no ITL budget set) the router measures how long D's streams
+    decode and allows a continue only within a tenth of that (`costmodel.itl_budget`): what
+    `/boomerang/v1/state` shows for D is that stream time, that budget, and the longest suffix
+    the learned continue cost fits in it."""
+    router = dataplane.router("router-derived", tuning={"mode": "adaptive"})
+    rng = random.Random(1213)
+    prompt = words(rng, 2000)
+    limits = pdclient.get_json(f"{router}/boomerang/v1/state")["continue_limits"]
+    assert [v["stream_s"] for v in limits.values()] == [0.0]  # nothing measured: the fallback
+    assert [v["itl_budget_s"] for v in limits.values()] == [0.05]
+    for _ in range(3):
+        tokens, _outcome, path, _ = turn(dataplane, router, prompt, stream=True)
+        assert sum(path.values()) == 1.0
+        prompt = prompt + tokens + words(rng, SHORT)
+    state = pdclient.get_json(f"{router}/boomerang/v1/state")
+    (limit,) = state["continue_limits"].values()
+    assert limit["stream_s"] > 0
+    assert limit["itl_budget_s"] == pytest.approx(0.1 * limit["stream_s"])
+    c = state["coefficients"]
+    left, per_token = limit["itl_budget_s"] - c["d_fixed_s"], c["d_compute_s_per_token"]
+    fits = 0 if left < 0 else 1024 if per_token <= 0 else min(1024, math.floor(left / per_token))
+    assert limit["tokens"] == fits  # one read: the same coefficients
