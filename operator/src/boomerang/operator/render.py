@@ -210,7 +210,7 @@ def router_tuning(dd: DisaggregatedDeployment) -> dict[str, Any]:
         "break_even_max_tokens": tuning.break_even.max_tokens,
         "continue_on_decode": cont.enabled,
         "continue_max_suffix_tokens": cont.max_suffix_tokens,
-        "itl_budget_s": parse_duration(cont.itl_budget) if cont.itl_budget else None,
+        "itl_budget_s": _seconds_or_none(cont.itl_budget),
         "retention_quantile": retention.quantile_percent / 100,
         "retention_min_s": parse_duration(retention.minimum),
         "reuse_released": retention.reuse_released,
