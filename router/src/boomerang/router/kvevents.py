@@ -146,7 +146,7 @@ class Index:
         size = self.block_size
         if hashes is None or not self.usable or not size:
             return {}
-        bits = {u: b for u in urls if (b := self.engines.known(u)) is not None}
+        bits = self._bits(urls)
         if not bits:
             return {}
         found = self.blocks.prefixes(hashes, bits.values())
@@ -156,9 +156,12 @@ class Index:
         """Whether any of the engines `urls` holds the block named `h`."""
         if not self.usable:
             return False
-        bits = [b for u in urls if (b := self.engines.known(u)) is not None]
         mask = self.blocks.holders(h)
-        return any(mask >> b & 1 for b in bits)
+        return any(mask >> b & 1 for b in self._bits(urls).values())
+
+    def _bits(self, urls: Iterable[str]) -> dict[str, int]:
+        """The index bits of the engines among `urls` that it knows."""
+        return {u: b for u in urls if (b := self.engines.known(u)) is not None}
 
     def summary(self) -> dict[str, Any]:
         """The index in the router's state document (`router_state.KV_INDEX`)."""

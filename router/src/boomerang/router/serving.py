@@ -257,8 +257,9 @@ class Serving:
 
     def _p_probe(self, turn: Turn, result: DecodeResult) -> int | None:
         """The index's name of the prompt's last whole block (`Lease.p_probe`): while a prefill
-        engine holds it, P holds this history. None without the index or the prompt's ids."""
-        if self.kv is None:
+        engine holds it, P holds this history. None without the index or the prompt's ids, and
+        outside adaptive mode, where no lease is kept (not hashed for nothing after each turn)."""
+        if self.kv is None or not self.paths.adaptive:
             return None
         if turn.prompt_ids is not None:
             hashes = self._hashes(turn)
