@@ -38,6 +38,15 @@ def follow(pub: FakePublisher) -> tuple[Index, asyncio.Task[None], Metrics]:
     return index, task, metrics
 
 
+async def joined(pub: FakePublisher) -> tuple[Index, asyncio.Task[None]]:
+    """An index following `pub` once connected (it asked for what came before) and its SUB
+    socket has joined, so that what `pub` sends next arrives."""
+    index, task, _ = follow(pub)
+    await until(lambda: pub.replays)
+    await asyncio.sleep(0.2)
+    return index, task
+
+
 async def until(check: Any, timeout: float = 10.0) -> None:
     for _ in range(int(timeout / 0.02)):
         if check():
@@ -56,9 +65,7 @@ async def stop(task: asyncio.Task[None]) -> None:
 
 
 async def test_stores_and_removals_are_followed(engine: FakePublisher) -> None:
-    index, task, _ = follow(engine)
-    await until(lambda: engine.replays)  # connected: it asked for what came before
-    await asyncio.sleep(0.2)  # the SUB socket joins
+    index, task = await joined(engine)
     await engine.send(stored(IDS, BS))
     await until(lambda: held(index) == 64)
     await engine.send(removed(HASHES[2:3]))  # evicting block 2 cuts the prefix there
@@ -68,12 +75,11 @@ async def test_stores_and_removals_are_followed(engine: FakePublisher) -> None:
 
 async def test_holds_names_a_block_any_of_the_engines_holds(engine: FakePublisher) -> None:
     """What retention asks (`Index.holds`): does any of these engines hold that block."""
-    index, task, _ = follow(engine)
-    await until(lambda: engine.replays)
-    await asyncio.sleep(0.2)
+    index, task = await joined(engine)
     await engine.send(stored(IDS, BS))
     await until(lambda: held(index) == 64)
-    last = index.hashes(IDS)[-1]
+    last = HASHES[-1]
+    assert index.hashes(IDS) == HASHES
     assert index.holds(last, [URL]) and index.holds(last, ["http://other", URL])
     assert not index.holds(last, ["http://other"]) and not index.holds(last, [])
     await engine.send(removed(HASHES[-1:]))
@@ -90,9 +96,7 @@ async def test_a_router_started_later_learns_what_was_stored_before(engine) -> N
 
 
 async def test_a_missed_batch_is_asked_for_again(engine: FakePublisher) -> None:
-    index, task, _ = follow(engine)
-    await until(lambda: engine.replays)
-    await asyncio.sleep(0.2)
+    index, task = await joined(engine)
     await engine.send(stored(IDS[:16], BS))
     await engine.send(stored(IDS[:32], BS, first=1), drop=True)  # never arrives
     await engine.send(removed([]))  # seq 2: the gap shows
@@ -102,9 +106,7 @@ async def test_a_missed_batch_is_asked_for_again(engine: FakePublisher) -> None:
 
 
 async def test_a_restarted_engine_starts_empty(engine: FakePublisher) -> None:
-    index, task, _ = follow(engine)
-    await until(lambda: engine.replays)
-    await asyncio.sleep(0.2)
+    index, task = await joined(engine)
     await engine.send(stored(IDS, BS))
     await engine.send(removed([]))
     await until(lambda: held(index) == 64)
@@ -115,9 +117,7 @@ async def test_a_restarted_engine_starts_empty(engine: FakePublisher) -> None:
 
 
 async def test_a_cleared_cache_is_forgotten(engine: FakePublisher) -> None:
-    index, task, _ = follow(engine)
-    await until(lambda: engine.replays)
-    await asyncio.sleep(0.2)
+    index, task = await joined(engine)
     await engine.send(stored(IDS, BS))
     await until(lambda: held(index) == 64)
     await engine.send({"type": "AllBlocksCleared"})
@@ -126,9 +126,7 @@ async def test_a_cleared_cache_is_forgotten(engine: FakePublisher) -> None:
 
 
 async def test_other_hashing_makes_the_index_unusable(engine: FakePublisher) -> None:
-    index, task, _ = follow(engine)
-    await until(lambda: engine.replays)
-    await asyncio.sleep(0.2)
+    index, task = await joined(engine)
     event = stored(IDS, BS)
     event["block_hashes"] = [h ^ 1 for h in event["block_hashes"]]  # another seed or algorithm
     await engine.send(event)
