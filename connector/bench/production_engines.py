@@ -243,4 +243,5 @@ def router_counts(url: str) -> dict[str, dict[str, float]]:
         "reuse": totals(page, "boomerang_router_reuse_total", "outcome"),
         "path": totals(page, "boomerang_router_path_total", "path"),
         "claims": totals(page, "boomerang_router_claims_total", "result"),
+        "released": totals(page, "boomerang_router_leases_released_total", "reason"),
     }

@@ -315,6 +315,14 @@ def sitting_block(res: Mapping[str, Any]) -> str:
             quiet,
             "",
         ]
+    if alone := per_policy(res):
+        lines += [
+            f"`{res['default_mode']}` against each of those policies alone (the strongest "
+            "baseline above is picked figure by figure; a user runs one policy):",
+            "",
+            alone,
+            "",
+        ]
     for regime, modes in res["pooled"].items():
         lines += [table(regime, modes), ""]
     return "\n".join(lines)
@@ -325,6 +333,29 @@ def same_engine_headline(res: Mapping[str, Any]) -> str | None:
     quiet = list(res.get("quiet_baselines") or ())
     ran = any(b in modes for modes in res["pooled"].values() for b in quiet)
     return headline(res["pooled"], res["default_mode"], quiet) if ran else None
+
+
+def per_policy(res: Mapping[str, Any]) -> str | None:
+    """The default mode against each `@quiet` policy alone, a row per regime and policy (None
+    where none ran). Why: the headline's strongest baseline is chosen figure by figure, a
+    frontier no single policy reaches (decode-first-512 has the best follow-ups, affinity the
+    best TPOT); a user runs one policy, and this says which figures Boomerang wins against it."""
+    quiet = list(res.get("quiet_baselines") or ())
+    mode, shown = res["default_mode"], [f for f in HEADLINE if f != "lost turns"]
+    rows = []
+    for regime, modes in res["pooled"].items():
+        for policy in (q for q in quiet if q in modes and mode in modes):
+            r = ratios(modes, mode, [policy])
+            cells = []
+            for figure in shown:
+                entry = r.get(figure)
+                text = f"{entry['ratio']:.2f}x" if entry and entry["ratio"] else "-"
+                cells.append(f"**{text}**" if entry and met(figure, entry) is False else text)
+            rows.append(f"| {regime} | {policy} | " + " | ".join(cells) + " |")
+    if not rows:
+        return None
+    head = "| regime | against | " + " | ".join(shown) + " |\n" + "|---" * (len(shown) + 2)
+    return head + "|\n" + "\n".join(rows)
 
 
 def readme_block(res: Mapping[str, Any]) -> str:

@@ -168,6 +168,23 @@ def test_the_same_engine_headline_compares_with_the_quiet_baselines_only() -> No
     assert report.same_engine_headline({**res, "quiet_baselines": ["x@quiet"]}) is None
 
 
+def test_each_quiet_policy_alone_gets_its_own_row() -> None:
+    pooled = {
+        "spare": {
+            "affinity@quiet": report.pooled([run(0.4, 50)]),  # worse follow-ups, better wall
+            "decode-first-512@quiet": report.pooled([run(0.1, 80)]),  # better follow-ups
+            "adaptive": report.pooled([run(0.2, 60)]),
+        }
+    }
+    quiet = ["affinity@quiet", "decode-first-512@quiet"]
+    res = {"pooled": pooled, "default_mode": "adaptive", "quiet_baselines": quiet}
+    rows = (report.per_policy(res) or "").splitlines()[2:]
+    assert [r.split(" | ")[1] for r in rows] == quiet
+    assert "| 0.50x |" in rows[0] and "**1.20x**" in rows[0]  # wins follow-ups, loses wall
+    assert "**2.00x**" in rows[1] and "| 0.75x |" in rows[1]  # loses follow-ups, wins wall
+    assert report.per_policy({**res, "quiet_baselines": ["x@quiet"]}) is None  # none ran
+
+
 def test_publishing_replaces_only_what_lies_between_the_markers() -> None:
     text = "top\n<!-- a -->\nold\nrows\n<!-- b -->\nbottom\n"
     assert report.splice(text, "<!-- a -->", "<!-- b -->", "new") == (
