@@ -245,6 +245,8 @@ def headline(
     rows = []
     for regime, modes in pooled_by_regime.items():
         r = ratios(modes, mode, baselines)
+        if not r:  # none of these baselines ran in the regime (or not `mode`): no row
+            continue
         cells = []
         for figure in HEADLINE:
             entry = r.get(figure)

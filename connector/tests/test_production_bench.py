@@ -166,6 +166,12 @@ def test_the_same_engine_headline_compares_with_the_quiet_baselines_only() -> No
     assert line is not None and "0.50x vs affinity@quiet" in line and "vs affinity |" not in line
     assert report.same_engine_headline({**res, "quiet_baselines": []}) is None  # none ran
     assert report.same_engine_headline({**res, "quiet_baselines": ["x@quiet"]}) is None
+    pooled["stock only"] = {
+        "affinity": pooled["spare"]["affinity"],
+        "adaptive": pooled["spare"]["adaptive"],
+    }
+    line = report.same_engine_headline(res)
+    assert line is not None and "stock only" not in line  # no quiet baseline there: no row
 
 
 def test_each_quiet_policy_alone_gets_its_own_row() -> None:
