@@ -247,19 +247,23 @@ def headline(
         r = ratios(modes, mode, baselines)
         if not r:  # none of these baselines ran in the regime (or not `mode`): no row
             continue
-        cells = []
-        for figure in HEADLINE:
-            entry = r.get(figure)
-            if entry is None:
-                cells.append("-")
-                continue
-            if figure == "lost turns":
-                text = f"{entry['mine']:.0f} (best baseline {entry['base']:.0f})"
-            else:
-                text = f"{entry['ratio']:.2f}x vs {entry['baseline']}" if entry["ratio"] else "-"
-            cells.append(f"**{text}**" if met(figure, entry) is False else text)
+        cells = [_cell(figure, r.get(figure), named=True) for figure in HEADLINE]
         rows.append(f"| {regime} | " + " | ".join(cells) + " |")
     return head + "\n".join(rows)
+
+
+def _cell(figure: str, entry: Mapping[str, Any] | None, named: bool) -> str:
+    """One figure's ratio (`named`: and the baseline it is against), bold where it misses its
+    target; lost turns as counts."""
+    if entry is None:
+        return "-"
+    if figure == "lost turns":
+        text = f"{entry['mine']:.0f} (best baseline {entry['base']:.0f})"
+    elif entry["ratio"]:
+        text = f"{entry['ratio']:.2f}x" + (f" vs {entry['baseline']}" if named else "")
+    else:
+        text = "-"
+    return f"**{text}**" if met(figure, entry) is False else text
 
 
 def chart(results: Mapping[str, Mapping[str, Mapping[str, Any]]], out: Path) -> None:
@@ -348,11 +352,7 @@ def per_policy(res: Mapping[str, Any]) -> str | None:
     for regime, modes in res["pooled"].items():
         for policy in (q for q in quiet if q in modes and mode in modes):
             r = ratios(modes, mode, [policy])
-            cells = []
-            for figure in shown:
-                entry = r.get(figure)
-                text = f"{entry['ratio']:.2f}x" if entry and entry["ratio"] else "-"
-                cells.append(f"**{text}**" if entry and met(figure, entry) is False else text)
+            cells = [_cell(figure, r.get(figure), named=False) for figure in shown]
             rows.append(f"| {regime} | {policy} | " + " | ".join(cells) + " |")
     if not rows:
         return None
