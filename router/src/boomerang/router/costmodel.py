@@ -13,11 +13,17 @@ reusable tokens):
 The queues make the plans load-aware: `p_queue` is the work (tokens to compute) the router has
 sent to the chosen P and not had answered, `d_queue` the prefill work of turns continued on the
 holder that have not had their first token (`Endpoint.work`, `Endpoint.prefilling`: the
-router's own accounting). A turn waits behind them, and so do D's other streams while D
-prefills: the continue path is allowed only while `d_fixed + d_compute * (d_queue + suffix)`
-stays within the ITL budget, so that no stream on D, a first turn's included, waits longer than
-that behind continued prefills. P's observations carry the queue they waited behind in their
-computed tokens, so `p_compute` is P's throughput, not a time that grows with the load.
+router's own accounting). A turn waits behind them, so each is in its own path's estimate. What
+a continue costs D's other streams is its own prefill, `d_fixed + d_compute * suffix`, not the
+queue's: the queued prefills stall those streams whichever path this turn takes, and a stream's
+time per output token grows by the sum of the prefills it sees, however they are batched. So
+the continue path is allowed while its own prefill stays within the ITL budget, and the queue
+decides only through the turn's own wait (a deep queue makes P the cheaper path). Measured why
+(2p1d and pressure, 2026-12-06): gating on `d_queue + suffix` sent 4-9 of a run's 36
+follow-ups to P, where they took 296-311 ms (median) against 145 ms continued, and made the
+follow-up p99; decode-first-512, which continued them all, had the same TPOT (23 against 24 ms).
+P's observations carry the queue they waited behind in their computed tokens, so `p_compute` is
+P's throughput, not a time that grows with the load.
 
 The ITL budget is derived, not set for one machine (`itl_budget`): a continued prefill stalls
 each stream D is decoding once, by about its own cost on D; spread over that stream's decode
@@ -25,14 +31,13 @@ time S (first token to last, the router's measure of the holder's recent streams
 cost / S to the stream's time per output token, so the budget is `tpot_tolerance * S` (10 %:
 one continue seen by a stream costs it at most a tenth of its TPOT). Until D has a measured
 stream (only non-streamed answers so far) the budget is `FALLBACK_ITL_BUDGET_S`; an operator
-may still pin one (`itl_budget_s`). The queue term keeps continues that overlap within one
-budget; successive continues a long stream sees each add their share (measured by the
-production benchmark's TPOT, not bounded here).
+may still pin one (`itl_budget_s`). Successive continues a long stream sees each add
+their share (measured by the production benchmark's TPOT, not bounded here).
 
 Over the budget a continue is still allowed where it pays in everyone's waiting
 (`_overrun_pays`): the turn saves `best other path - continue`, and each of the holder's
-streams (its requests in flight, the router's count) waits `continue - budget` more than the
-budget allows. Measured why (spare, 2026-12-05): the first follow-ups of eight conversations
+streams (its requests in flight, the router's count) waits `own prefill - budget` more than
+the budget allows. Measured why (spare, 2026-12-05): the first follow-ups of eight conversations
 arrive together, each continue queues behind the others on D and overruns the budget, and the
 refused ones waited 0.5-1.4 s on P behind the first turns' prefills: the follow-up p99.
 
@@ -308,19 +313,18 @@ def decide(c: Coefficients, shape: Shape, bounds: Bounds) -> Choice:
     if forced:
         notes.append(f"pull forced: reusable {r} >= {bounds.break_even_max_tokens}")
     limit, on_d = continue_limit(c, bounds, shape.d_stream_s), shape.continue_tokens
-    queued = math.ceil(shape.d_queue_tokens)
-    if shape.holder and on_d > 0 and on_d + queued <= limit:
+    if shape.holder and 0 < on_d <= limit:
         allowed.append(Path.CONTINUE)
     elif shape.holder and bounds.continue_on_decode:
-        behind = f" behind {queued} queued" if queued else ""
         budget = itl_budget(bounds, shape.d_stream_s)
-        paid = _overrun_pays(estimate, allowed, budget, shape.d_streams)
+        stall = c.d_fixed_s + c.d_compute_s_per_token * on_d
+        paid = _overrun_pays(estimate, allowed, stall, budget, shape.d_streams)
         if 0 < on_d <= bounds.continue_max_suffix_tokens and paid is not None:
             allowed.append(Path.CONTINUE)
             notes.append(paid)
         else:
             notes.append(
-                f"no continue: {on_d} to compute on D{behind}, limit {limit} "
+                f"no continue: {on_d} to compute on D, limit {limit} "
                 f"({budget * 1000:.0f} ms budget)"
             )
     costs = {p: estimate[p] for p in _PREFERENCE if p in allowed}
@@ -336,14 +340,14 @@ def decide(c: Coefficients, shape: Shape, bounds: Bounds) -> Choice:
 
 
 def _overrun_pays(
-    estimate: Mapping[Path, float], others: list[Path], budget: float, streams: int
+    estimate: Mapping[Path, float], others: list[Path], stall: float, budget: float, streams: int
 ) -> str | None:
     """A continue over the ITL budget, allowed when it pays in everyone's waiting: the turn
-    waits `best other - continue` less, each of the holder's `streams` waits `continue -
-    budget` more than the budget lets it (the stall, estimated as the continue's own cost).
-    The reason for the log when it pays; None when it does not."""
-    stall = estimate[Path.CONTINUE]
-    saved = min(estimate[p] for p in others) - stall
+    waits `best other - continue` less (its continue estimate includes D's queue), and each of
+    the holder's `streams` waits `stall - budget` more than the budget lets it, where `stall` is
+    this turn's own prefill on D, not the queue's (module docs). The reason for the log when it
+    pays; None when it does not."""
+    saved = min(estimate[p] for p in others) - estimate[Path.CONTINUE]
     lost = streams * (stall - budget)
     if saved <= lost:
         return None
