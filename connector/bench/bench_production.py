@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -111,6 +112,8 @@ class Sitting:
     venv: Path
     out: Path
     header: str = ""
+    revision: str | None = None
+    """The source's commit (`source_revision`)."""
     runs: list[dict[str, Any]] = field(default_factory=list)
     engine_sets: list[dict[str, Any]] = field(default_factory=list)
     serial: int = 0
@@ -248,10 +251,25 @@ def regime_runs(s: Sitting, regime: str) -> None:
                 one_run(s, es, regime, name, timing)
 
 
+def source_revision(repo: Path) -> str | None:
+    """The commit the sitting's router and engines ran from (`-dirty`: with uncommitted
+    changes), so that sittings of different routers are never read as one; None outside a git
+    checkout. Read once, at the start: the routers are started from this tree run after run."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(repo), "describe", "--always", "--dirty", "--abbrev=7"],
+            capture_output=True, text=True, timeout=30, check=True,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
 def results(s: Sitting) -> dict[str, Any]:
     pooled = report.pooled_by_regime(s.runs)
     return {
         "date": time.strftime("%Y-%m-%d"),
+        "revision": s.revision,
         "command": "make bench-production ARGS=" + json.dumps(" ".join(s.args.argv)),
         "machine": s.header,
         "client": f"vLLM {multiturn_client.VERSION} benchmarks/multi_turn",
@@ -329,7 +347,8 @@ def main() -> None:
         work = Path(tempfile.mkdtemp(prefix="boomerang-production-"))
         s = Sitting(args, client, venv, work)
         s.header = f"machine: {machine.describe(venv)}"
-        s.log(f"{s.header}\nruns in {work}")
+        s.revision = source_revision(REPO)
+        s.log(f"{s.header}\nsource: {s.revision}; runs in {work}")
         try:
             for regime in args.regimes:
                 regime_runs(s, regime)

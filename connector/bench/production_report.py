@@ -304,7 +304,9 @@ def sitting_block(res: Mapping[str, Any]) -> str:
         f"## Sitting: {res.get('date', '')}".rstrip(": "),
         "",
         f"`{res.get('command', 'make bench-production')}`; {res['machine']}; client: "
-        f"{res['client']}; {res['rounds']} round(s). Medians over the rounds, (min-max) beside.",
+        f"{res['client']}; {res['rounds']} round(s)"
+        + (f"; source at {res['revision']}" if res.get("revision") else "")
+        + ". Medians over the rounds, (min-max) beside.",
         "",
         f"`{res['default_mode']}` (the default) against the strongest baseline, figure by figure "
         "(bold: the target missed):",

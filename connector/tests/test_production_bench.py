@@ -223,3 +223,27 @@ def test_excluded_runs_are_kept_but_not_pooled() -> None:
     assert [r["serial"] for r in res["runs"]] == [0, 1]
     assert res["excluded_runs"][0]["excluded_because"] == "a build shared the cores"
     assert res["pooled"]["spare"]["m"]["figures"]["follow-up TTFT p50"]["max"] == 0.2
+
+
+def test_a_sitting_records_the_commit_its_router_ran_from(tmp_path: Any) -> None:
+    """Sittings of different routers must never be read as one: the commit, dirty when the
+    tree has uncommitted changes, and nothing outside a git checkout."""
+    import subprocess
+
+    from bench_production import source_revision
+
+    assert source_revision(tmp_path) is None
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "f").write_text("a")
+    subprocess.run([*git, "add", "f"], check=True)
+    subprocess.run([*git, "commit", "-qm", "c"], check=True)
+    head = subprocess.run(
+        [*git, "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert source_revision(tmp_path) == head
+    (tmp_path / "f").write_text("b")
+    assert source_revision(tmp_path) == f"{head}-dirty"
+    res = {"machine": "m", "client": "c", "rounds": 5, "default_mode": "adaptive",
+           "baselines": [], "pooled": {}, "revision": f"{head}-dirty"}  # fmt: skip
+    assert f"source at {head}-dirty" in report.sitting_block(res)
