@@ -342,6 +342,9 @@ def main() -> None:
             report.exclude(res, {int(n) for n in serials.split(",") if n}, why)
             result_file.write_text(json.dumps(res, separators=(",", ":")))
     else:
+        # Made before the first run, not found missing after the last: a sitting that cannot
+        # write its results must not run for an hour first.
+        args.out.mkdir(parents=True, exist_ok=True)
         venv = stack.ensure_engine_venv()
         client = multiturn_client.ensure()
         work = Path(tempfile.mkdtemp(prefix="boomerang-production-"))
