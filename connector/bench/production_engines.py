@@ -238,10 +238,13 @@ def moved(before: dict[str, float], after: dict[str, float]) -> dict[str, float]
 
 
 def router_counts(url: str) -> dict[str, dict[str, float]]:
+    """What the router counted over a run, and its cost model's coefficients at the end (what
+    it learned, e.g. what a turn joining D cost D's streams)."""
     page = scrape(url)
     return {
         "reuse": totals(page, "boomerang_router_reuse_total", "outcome"),
         "path": totals(page, "boomerang_router_path_total", "path"),
         "claims": totals(page, "boomerang_router_claims_total", "result"),
         "released": totals(page, "boomerang_router_leases_released_total", "reason"),
+        "coefficients": totals(page, "boomerang_router_cost_coefficient", "name"),
     }
