@@ -67,6 +67,7 @@ def allowed(s: Shape, b: Bounds, limit: int, c: Coefficients) -> set[Path]:
         cost = c.costs(s)
         waits_less = min(cost[p] for p in out) - cost[Path.CONTINUE]
         own = c.d_fixed_s + c.d_compute_s_per_token * s.suffix_tokens  # not D's queue
+        own -= c.stream_handoff_stall_s  # what D's streams pay for the turn coming from P
         others_wait = s.d_streams * (own - itl_budget(b, s.d_stream_s))
         if waits_less > others_wait:
             out.add(Path.CONTINUE)
@@ -307,7 +308,12 @@ def test_learning_converges_to_the_engines_coefficients() -> None:
     for name, want in TRUE.as_metrics().items():
         tol = 0.06 if name.endswith("per_token") else 0.25
         assert got.as_metrics()[name] == pytest.approx(want, rel=tol), name
-    assert got.observations == {"prefill": 3000, "decode_first": 3000, "continue": 3000}
+    assert got.observations == {
+        "prefill": 3000,
+        "decode_first": 3000,
+        "continue": 3000,
+        "stream": 0,
+    }
     assert m.break_even_tokens(B) == pytest.approx(262.5, rel=0.15)
     assert m.continue_limit_tokens(B) == pytest.approx(200, rel=0.08)  # (50 - 10) ms / 0.2 ms
     assert m.choose(shape(150), B).path is Path.RECOMPUTE  # below the learned break-even
@@ -359,7 +365,7 @@ def test_bad_observations_are_ignored(bad: tuple[int, int, float]) -> None:
     if min(bad[0], bad[1]) >= 0:  # only the seconds are bad: both other legs must ignore them
         assert m.coefficients().observations["continue"] == 0
     assert m.coefficients() == dataclasses.replace(
-        DEFAULT_PRIORS, observations={"prefill": 0, "decode_first": 0, "continue": 0}
+        DEFAULT_PRIORS, observations={"prefill": 0, "decode_first": 0, "continue": 0, "stream": 0}
     )
 
 
@@ -406,7 +412,7 @@ shapes = st.builds(
     st.floats(0, 30),
 )
 observations = st.lists(
-    st.tuples(st.sampled_from(["prefill", "first", "continue"]), tokens, tokens, seconds),
+    st.tuples(st.sampled_from(["prefill", "first", "continue", "stream"]), tokens, tokens, seconds),
     max_size=25,
 )
 
@@ -418,6 +424,8 @@ def trained(obs: list[tuple[str, int, int, float]]) -> CostModel:
             m.observe_prefill(a, b if b % 2 else 0, s)
         elif leg == "first":
             m.observe_decode_first(a, s)
+        elif leg == "stream":
+            m.observe_stream(a, b % 7, (a + b) % 5, (a % 9) / 2, s)
         else:
             m.observe_continue(a, s)
     return m
@@ -728,3 +736,75 @@ def test_until_continues_are_observed_d_computes_at_ps_measured_rate() -> None:
     for n in (100, 200, 400) * 100:  # D turns out slower than P: the fit follows
         model.observe_continue(n, 0.01 + 4e-4 * n)
     assert model.coefficients().d_compute_s_per_token == pytest.approx(4e-4, rel=0.2)
+
+
+# -- what a continue costs D's streams beyond a handover from P (issue 36) ---------------------
+
+
+@pytest.mark.parametrize(
+    ("handoff_stall", "limit"),
+    [
+        (0.0, 200),  # (50 ms budget - 10 ms fixed) / 0.2 ms: the model before streams were fitted
+        (0.03, 350),  # a handover stalls D's streams 30 ms anyway: 30 ms more room
+        (0.5, 1024),  # more than any continue: the hard bound
+    ],
+)
+def test_what_a_handover_from_p_costs_ds_streams_widens_the_continue_limit(
+    handoff_stall: float, limit: int
+) -> None:
+    assert continue_limit(coeffs(stream_handoff_stall_s=handoff_stall), B) == limit
+
+
+@pytest.mark.parametrize(
+    ("handoff_stall", "path"),
+    [
+        # 400 tokens on D: 90 ms, 40 over the 50 ms budget; 4 streams; a pull 198 ms
+        (0.0, Path.PULL),  # 4 streams wait 40 ms more each: 160 ms, more than the 108 it saves
+        (0.02, Path.CONTINUE),  # the handover costs them 20 ms anyway: 80 ms < 108 ms
+    ],
+)
+def test_over_the_budget_what_the_handover_costs_the_streams_is_not_counted_twice(
+    handoff_stall: float, path: Path
+) -> None:
+    s = Shape(4400, 4000, True, d_streams=4)
+    choice = decide(coeffs(stream_handoff_stall_s=handoff_stall), s, B)
+    assert choice.path is path
+
+
+def test_the_stream_leg_learns_what_each_turn_joining_d_costs_its_streams() -> None:
+    """Synthetic decoder shaped like the 2p1d measurement: 10 ms per output token and 2 ms more
+    per other request in the batch, 74 ms per continued turn, 65 ms per turn handed over from
+    P, 5 % noise."""
+    m, rng = CostModel(), random.Random(7)
+    for _ in range(1000):  # five half-lives: the prior's weight down at its floor
+        n, c, h = rng.randint(32, 96), rng.randint(0, 6), rng.randint(0, 6)
+        others = rng.uniform(2, 8)
+        step = 0.01 + 0.002 * others
+        seconds = (step * (n - 1) + 0.074 * c + 0.065 * h) * rng.lognormvariate(0, 0.05)
+        m.observe_stream(n, c, h, others, seconds)
+    got = m.coefficients()
+    assert got.stream_s_per_token == pytest.approx(0.01, rel=0.15)
+    assert got.stream_s_per_token_per_other == pytest.approx(0.002, rel=0.15)
+    assert got.stream_continue_stall_s == pytest.approx(0.074, rel=0.15)
+    assert got.stream_handoff_stall_s == pytest.approx(0.065, rel=0.15)
+    assert got.observations["stream"] == 1000
+
+
+@pytest.mark.parametrize(
+    ("tokens", "continued", "over", "others", "seconds"),
+    [
+        (1, 0, 0, 0.0, 0.5),
+        (0, 1, 1, 0.0, 0.5),
+        (40, -1, 0, 0.0, 0.5),
+        (40, 0, 0, math.nan, 0.5),
+        (40, 0, 0, 1.0, math.nan),
+        (40, 0, 0, 1.0, 7200.0),
+    ],
+)
+def test_a_stream_without_intervals_or_with_a_bad_count_is_not_learned(
+    tokens: int, continued: int, over: int, others: float, seconds: float
+) -> None:
+    m = CostModel()
+    m.observe_stream(tokens, continued, over, others, seconds)
+    assert m.coefficients().observations["stream"] == 0
+    assert m.coefficients().stream_handoff_stall_s == DEFAULT_PRIORS.stream_handoff_stall_s

@@ -47,6 +47,11 @@ class Frozen(CostModel):
     def observe_continue(self, computed_tokens: int, seconds: float) -> None:
         return None
 
+    def observe_stream(
+        self, output_tokens: int, continued: int, handed_over: int, others: float, seconds: float
+    ) -> None:
+        return None
+
 
 class Recorder:
     """Retention that records what the flow tells it."""
@@ -174,6 +179,9 @@ async def test_a_streamed_continue_relays_d_and_teaches_the_model(world: Any) ->
     observed = router.paths.model.coefficients().observations
     assert observed["continue"] == 1 and observed["decode_first"] == 1
     assert observed["prefill"] == 1
+    assert observed["stream"] == 2  # both streams on D, what joined D's batch during each
+    (d,) = router.decode.endpoints.values()
+    assert d.joined == (1, 1)  # the first turn handed over from P, the second continued
     await until(lambda: _equals(w, "continue", 1))
     filed_handles = retention.filed_handles()
     assert retention.released() == [(filed_handles[0], "superseded")]  # the turn-1 handle

@@ -237,6 +237,23 @@ def test_a_url_back_from_discovery_remembers_when_it_left() -> None:
     assert len(pool.departed) == endpoints.MAX_DEPARTED
 
 
+def test_a_stream_counts_what_joined_its_decoder_and_the_batch_it_decoded_in() -> None:
+    """Two streams overlap on D: the first sees the second (handed over from P) and a
+    continued turn join; the second sees only the continued one. The first decodes 2 s beside
+    one other request, then 2 s beside two: 1.5 others on average."""
+    ep = Endpoint("http://d", "decode", load_at=0.0)
+    ep.count(1, now=0.0)
+    first = ep.join(handed_over=False, now=0.0)
+    ep.count(1, now=0.0)
+    second = ep.join(handed_over=True, now=1.0)
+    ep.count(1, now=2.0)
+    ep.join(handed_over=False, now=3.0)
+    assert ep.since(first, now=4.0) == (1, 1, pytest.approx(1.5))
+    assert ep.since(second, now=4.0) == (1, 0, pytest.approx(1.667, rel=1e-3))
+    assert ep.joined == (2, 1)
+    assert ep.since(ep.join(handed_over=True, now=4.0), now=4.0).others == 2.0  # no time yet
+
+
 def test_a_decoders_stream_time_is_a_moving_mean_of_sane_measures() -> None:
     """`Endpoint.stream_s` (the continue budget's base): the first measure stands, each later
     one moves it by a tenth; zero, negative, non-finite and hour-long ones are ignored."""

@@ -41,6 +41,25 @@ the budget allows. Measured why (spare, 2026-12-05): the first follow-ups of eig
 arrive together, each continue queues behind the others on D and overruns the budget, and the
 refused ones waited 0.5-1.4 s on P behind the first turns' prefills: the follow-up p99.
 
+A refused continue is not free for D's streams either: the turn comes back to D from P, and D
+takes its blocks and its first step while they wait. So what the budget bounds is the
+difference, `own prefill - stream_handoff_stall`, and the handover's stall is learned from the
+streams themselves (`observe_stream`): each stream's decode time, first token to last, is fitted
+on its output tokens, on those times the other requests in D's batch (a step grows with the
+batch), and on how many turns joined D meanwhile, continued and handed over
+(`stream_s_per_token`, `stream_s_per_token_per_other`, `stream_continue_stall_s`,
+`stream_handoff_stall_s`). Its prior is 0, the model before it: a handover free for D. Measured
+why (2p1d, 2026-12-06, offline from the client's records and the router's log, 660 streams
+over three policies): a stream on D lost 74 ms per continued turn and 65 ms per handed-over one
+(10 ms per token, 2 ms more per other request in the batch; R² 0.95), so continuing a 250-400
+token suffix cost D's streams about 10 ms more than sending it to P, not its whole prefill.
+The rule before refused such continues (27 of 180 follow-ups a run), which then took 237-330
+ms on P against 156 ms continued and made the follow-up p99, for no TPOT (27 ms against
+decode-first-512's 26 ms).
+On an accelerator, where D reads P's blocks by RDMA beside its steps, a handover should cost
+D's streams little (not measured here): the learned stall then stays near 0 and the rule near
+the old one.
+
 Pull minus recompute is `p_pull_fixed - (p_compute - p_pull) * reusable`, so the break-even is
 one history length and does not depend on the suffix. The engine's `kv_recompute_threshold` is a
 floor: P would recompute below it whatever the router sends, so pull is never allowed there.
@@ -94,9 +113,9 @@ _MAX_OBSERVED_S: Final = 3600.0
 """Longer is no latency but a stall or a clock jump: ignored."""
 _K: Final = 1000.0
 """Token features are in thousands of tokens (conditioning)."""
-_SCALE: Final = (1.0, 1 / _K, 1.0, 1 / _K, 1.0, 1 / _K, 1.0, 1 / _K)
+_SCALE: Final = (1.0, 1 / _K, 1.0, 1 / _K, 1.0, 1 / _K, 1.0, 1 / _K, 1 / _K, 1 / _K, 1.0, 1.0)
 """Fitted value -> `Coefficients` field, in field order."""
-_LEGS: Final = ("prefill", "decode_first", "continue")
+_LEGS: Final = ("prefill", "decode_first", "continue", "stream")
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,8 +231,17 @@ class Coefficients:
     d_first_s_per_token: float
     d_fixed_s: float
     d_compute_s_per_token: float
+    stream_s_per_token: float = 0.02
+    """A stream's decode time per output token on D, alone and with nothing joining it."""
+    stream_s_per_token_per_other: float = 0.0
+    """What each other request in D's batch adds to that (a step grows with the batch)."""
+    stream_continue_stall_s: float = 0.02
+    """What a turn continued on D (its prefill there) adds to each stream D is decoding."""
+    stream_handoff_stall_s: float = 0.0
+    """What a turn handed over from P (D takes its blocks and its first step) adds to each
+    stream D is decoding: what a refused continue costs D's streams anyway."""
     observations: Mapping[str, int] = field(default_factory=dict)
-    """Observations taken per leg: prefill, decode_first, continue."""
+    """Observations taken per leg: prefill, decode_first, continue, stream."""
 
     def as_metrics(self) -> dict[str, float]:
         """Metric name -> value (`boomerang_router_cost_coefficient{name}`, the state endpoint)."""
@@ -245,8 +273,13 @@ DEFAULT_PRIORS: Final = Coefficients(
     d_first_s_per_token=2e-5,
     d_fixed_s=0.02,
     d_compute_s_per_token=1e-3,
+    stream_s_per_token=0.02,
+    stream_s_per_token_per_other=0.0,
+    stream_continue_stall_s=0.02,
+    stream_handoff_stall_s=0.0,
 )
-"""Conservative priors (module docs): pull never dearer than recompute, D's prefill 5x P's."""
+"""Conservative priors (module docs): pull never dearer than recompute, D's prefill 5x P's, a
+handover from P free for D's streams."""
 
 
 def break_even(c: Coefficients, bounds: Bounds) -> float:
@@ -278,7 +311,8 @@ def itl_budget(bounds: Bounds, d_stream_s: float = 0.0) -> float:
 def continue_limit(c: Coefficients, bounds: Bounds, d_stream_s: float = 0.0) -> int:
     """Longest suffix the continue path may take (0 when it is off): the hard bound, or less
     where D's co-running streams would wait longer than the ITL budget (`itl_budget`, from
-    `d_stream_s`, the holder's measured stream time).
+    `d_stream_s`, the holder's measured stream time) beyond what a handover from P costs them
+    (`stream_handoff_stall_s`, module docs).
 
     The wait is estimated as the continue turn's own cost on D, `d_fixed + d_compute * suffix`:
     on the CPU engine the longest extra gap a co-running stream saw while D served a continue
@@ -288,7 +322,7 @@ def continue_limit(c: Coefficients, bounds: Bounds, d_stream_s: float = 0.0) -> 
     if not bounds.continue_on_decode:
         return 0
     limit = bounds.continue_max_suffix_tokens
-    left = itl_budget(bounds, d_stream_s) - c.d_fixed_s
+    left = itl_budget(bounds, d_stream_s) + c.stream_handoff_stall_s - c.d_fixed_s
     if left < 0:
         return 0
     if c.d_compute_s_per_token > 0:
@@ -317,7 +351,7 @@ def decide(c: Coefficients, shape: Shape, bounds: Bounds) -> Choice:
         allowed.append(Path.CONTINUE)
     elif shape.holder and bounds.continue_on_decode:
         budget = itl_budget(bounds, shape.d_stream_s)
-        stall = c.d_fixed_s + c.d_compute_s_per_token * on_d
+        stall = c.d_fixed_s + c.d_compute_s_per_token * on_d - c.stream_handoff_stall_s
         paid = _overrun_pays(estimate, allowed, stall, budget, shape.d_streams)
         if 0 < on_d <= bounds.continue_max_suffix_tokens and paid is not None:
             allowed.append(Path.CONTINUE)
@@ -345,8 +379,8 @@ def _overrun_pays(
     """A continue over the ITL budget, allowed when it pays in everyone's waiting: the turn
     waits `best other - continue` less (its continue estimate includes D's queue), and each of
     the holder's `streams` waits `stall - budget` more than the budget lets it, where `stall` is
-    this turn's own prefill on D, not the queue's (module docs). The reason for the log when it
-    pays; None when it does not."""
+    this turn's own prefill on D (not the queue's) less what its handover from P would cost them
+    anyway (module docs). The reason for the log when it pays; None when it does not."""
     saved = min(estimate[p] for p in others) - estimate[Path.CONTINUE]
     lost = streams * (stall - budget)
     if saved <= lost:
@@ -386,7 +420,10 @@ class CostModel:
         self._p = ForgettingFit(theta[:4], pulls, **opts)
         self._d_first = ForgettingFit(theta[4:6], [[1.0, t] for t in grid], **opts)
         self._opts = opts
-        self._d = self._continue_fit(theta[6:])
+        self._d = self._continue_fit(theta[6:8])
+        joined = ((0.0, 0.0, 0.0), (2.0, 1.0, 0.0), (4.0, 0.0, 1.0), (8.0, 4.0, 4.0))
+        streams = [[t, t * o, a, b] for t in (0.032, 0.256) for o, a, b in joined]
+        self._streams = ForgettingFit(theta[8:], streams, **opts)
         self._cached: Coefficients | None = None
 
     def _continue_fit(self, prior: list[float]) -> ForgettingFit:
@@ -426,12 +463,31 @@ class CostModel:
             self._d.add([1.0, computed_tokens / _K], seconds)
             self._cached = None
 
+    def observe_stream(
+        self,
+        output_tokens: int,
+        continued: int,
+        handed_over: int,
+        others: float,
+        seconds: float,
+    ) -> None:
+        """One stream on D, first token to last (`seconds`) over `output_tokens`, beside
+        `others` requests on average, while `continued` turns continued on D and `handed_over`
+        turns came from P got their first token there: what each costs the streams D is
+        decoding (`stream_*`)."""
+        valid = _valid(continued, handed_over, others, _MAX_OBSERVED_S - seconds, seconds)
+        if output_tokens > 1 and valid:
+            steps = (output_tokens - 1) / _K
+            self._streams.add([steps, steps * others, continued, handed_over], seconds)
+            self._cached = None
+
     def coefficients(self) -> Coefficients:
         """The current estimates (the priors until observed), with observations per leg; the
         continue leg's per-token cost is P's measured one until it has its own (module docs)."""
         if self._cached is None:
             p, f, d = self._p.theta, self._d_first.theta, list(self._d.theta)
-            counts = (self._p.count, self._d_first.count, self._d.count)
+            st = self._streams.theta
+            counts = (self._p.count, self._d_first.count, self._d.count, self._streams.count)
             if not self._d.count and self._p.count:
                 d[1] = p[1]  # per thousand tokens, as fitted
             self._cached = Coefficients(
@@ -443,6 +499,10 @@ class CostModel:
                 d_first_s_per_token=f[1] / _K,
                 d_fixed_s=d[0],
                 d_compute_s_per_token=d[1] / _K,
+                stream_s_per_token=st[0] / _K,
+                stream_s_per_token_per_other=st[1] / _K,
+                stream_continue_stall_s=st[2],
+                stream_handoff_stall_s=st[3],
                 observations=dict(zip(_LEGS, counts, strict=True)),
             )
         return self._cached

@@ -23,7 +23,7 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 Role = Literal["prefill", "decode"]
 
@@ -35,6 +35,24 @@ STREAM_WEIGHT = 0.1
 follows a change of load within seconds of traffic and one long answer moves it by a tenth."""
 MAX_STREAM_S = 3600.0
 """A longer stream is a stall or a clock jump, not a decode time: ignored."""
+
+
+class Mark(NamedTuple):
+    """Where a stream on a decoder started: the joined counts and the load integral then."""
+
+    continued: int
+    handed_over: int
+    load_s: float
+    at: float
+
+
+class Joined(NamedTuple):
+    """What a stream on a decoder saw: the turns that joined its batch, and the others in it."""
+
+    continued: int
+    handed_over: int
+    others: float
+    """The other requests in flight on the decoder, on average over the stream."""
 
 
 @dataclass(eq=False)
@@ -57,6 +75,15 @@ class Endpoint:
     """Decode: how long its streams decode, first token to last (a moving mean of the
     router's measures, `streamed`; 0 until one is measured): the continue path's ITL budget
     is a share of it (`costmodel.itl_budget`)."""
+    joined: tuple[int, int] = (0, 0)
+    """Decode: the requests that got their first token here so far, (continued, handed
+    over): turns continued on it (or served by it alone) and turns handed over from P. A
+    stream's difference from its start to its end is what joined its batch meanwhile
+    (`costmodel.CostModel.observe_stream`)."""
+    load_s: float = 0.0
+    """Its in-flight requests integrated over time (request-seconds) up to `load_at`: over a
+    stream, the difference is the batch it decoded in (`Mark`)."""
+    load_at: float = field(default_factory=time.perf_counter)
     failures: int = 0
     ejected: bool = False
     lost_at: float = 0.0
@@ -89,6 +116,30 @@ class Endpoint:
     def ready(self) -> bool:
         """Answered a health probe and is not ejected."""
         return self.probed_ok and not self.ejected
+
+    def count(self, delta: int, now: float | None = None) -> None:
+        """A request in flight more (1) or less (-1), the load integral brought up to now."""
+        now = time.perf_counter() if now is None else now
+        self.load_s += self.inflight * max(0.0, now - self.load_at)
+        self.load_at, self.inflight = now, self.inflight + delta
+
+    def join(self, handed_over: bool, now: float | None = None) -> Mark:
+        """Count a request that got its first token here; the mark its own stream is measured
+        from (what joined after it, and the load from now)."""
+        continued, over = self.joined
+        self.joined = (continued, over + 1) if handed_over else (continued + 1, over)
+        self.count(0, now)
+        return Mark(*self.joined, self.load_s, self.load_at)
+
+    def since(self, mark: Mark, now: float | None = None) -> Joined:
+        """What joined the batch since `mark`, and how many other requests were in flight on
+        average meanwhile (the stream's own excluded)."""
+        self.count(0, now)
+        span = self.load_at - mark.at
+        batch = (self.load_s - mark.load_s) / span if span > 0 else float(self.inflight)
+        return Joined(
+            self.joined[0] - mark.continued, self.joined[1] - mark.handed_over, max(0.0, batch - 1)
+        )
 
     def streamed(self, seconds: float) -> None:
         """One stream's decode time (first token to last) into `stream_s`."""
@@ -180,12 +231,12 @@ class Tracked:
         self._ep, self._work, self._kv = ep, work, kv_tokens
 
     def __enter__(self) -> None:
-        self._ep.inflight += 1
+        self._ep.count(1)
         self._ep.work += self._work
         self._ep.kv_tokens += self._kv
 
     def __exit__(self, *exc: object) -> None:
-        self._ep.inflight -= 1
+        self._ep.count(-1)
         self._ep.work -= self._work
         self._ep.kv_tokens -= self._kv
 

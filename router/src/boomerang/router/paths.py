@@ -17,7 +17,11 @@ measurements; observing changes no `static` decision):
   took it, else 0);
 - D's time to first byte after P, and on the continue path, only for streamed answers: a
   non-streamed answer's first byte comes after the whole generation, which would teach the
-  model the answer's length instead of D's prefill.
+  model the answer's length instead of D's prefill;
+- each stream D finished (streamed answers with their token ids), first token to last, with
+  the turns that got their first token on that D meanwhile, continued and handed over from P,
+  and the other requests in flight there on average (`Endpoint.join`, `Endpoint.since`): what
+  each turn joining D costs the streams D is decoding.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any
 from boomerang.connector import router_state as state
 from boomerang.router.config import RouterConfig
 from boomerang.router.costmodel import Bounds, Choice, CostModel, Path, Shape, itl_budget
+from boomerang.router.endpoints import Joined
 from boomerang.router.metrics import Metrics
 
 
@@ -97,6 +102,12 @@ class PathBook:
 
     def observe_continue(self, computed_tokens: int, seconds: float) -> None:
         self.model.observe_continue(max(0, computed_tokens), seconds)
+
+    def observe_stream(self, output_tokens: int, seen: Joined, seconds: float) -> None:
+        """A stream on D and what it saw there (`CostModel.observe_stream`)."""
+        self.model.observe_stream(
+            output_tokens, seen.continued, seen.handed_over, seen.others, seconds
+        )
 
     def break_even_tokens(self) -> float:
         return float(self.model.break_even_tokens(self.bounds()))

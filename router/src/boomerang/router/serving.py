@@ -30,7 +30,7 @@ from boomerang.router.capabilities import DecodeMode
 from boomerang.router.claims import Claims
 from boomerang.router.config import RouterConfig
 from boomerang.router.decode import call_and_answer
-from boomerang.router.endpoints import Endpoint, Pool, Strategy, partners, prefill_choices
+from boomerang.router.endpoints import Endpoint, Mark, Pool, Strategy, partners, prefill_choices
 from boomerang.router.failover import Failover, unavailable
 from boomerang.router.hooks import NoRetention, RetentionHooks
 from boomerang.router.kvevents import Index
@@ -201,11 +201,23 @@ class Serving:
         cached: Cached = "own"
         if stage == "d" and not turn.alone:
             cached = "unknown" if turn.p_cached is None else turn.p_cached
+        handed_over = stage == "d" and not turn.alone
+        mark: Mark | None = None
+
+        def on_first() -> None:
+            nonlocal mark
+            if mark is None and ep.role == "decode":
+                mark = ep.join(handed_over)
+            self._on_first(turn)
+
         result = await call_and_answer(
-            request, self.engines, call, turn.req, mode, t, lambda: self._on_first(turn), cached
+            request, self.engines, call, turn.req, mode, t, on_first, cached
         )
         if mode == "stream" and result.finished and turn.first_at:
-            ep.streamed(time.perf_counter() - turn.first_at)  # D's decode time (costmodel)
+            seconds = time.perf_counter() - turn.first_at
+            ep.streamed(seconds)  # D's decode time (costmodel)
+            if mark is not None and result.output_ids:
+                self.paths.observe_stream(len(result.output_ids), ep.since(mark), seconds)
         return result
 
     def _on_first(self, turn: Turn) -> None:
