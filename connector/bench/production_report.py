@@ -266,6 +266,10 @@ def _cell(figure: str, entry: Mapping[str, Any] | None, named: bool) -> str:
     return f"**{text}**" if met(figure, entry) is False else text
 
 
+CHART_COLUMNS = 4
+"""Panels per row of the chart: a sitting with many regimes wraps instead of growing wide."""
+
+
 def chart(results: Mapping[str, Mapping[str, Mapping[str, Any]]], out: Path) -> None:
     """Follow-up TTFT p50 and p99 and first-turn TTFT p50 per mode, a panel per regime (log)."""
     import matplotlib
@@ -274,10 +278,15 @@ def chart(results: Mapping[str, Mapping[str, Mapping[str, Any]]], out: Path) -> 
     import matplotlib.pyplot as plt
 
     regimes = list(results)
-    fig, axes = plt.subplots(1, len(regimes), figsize=(5 * len(regimes), 3.8), squeeze=False)
+    cols = min(CHART_COLUMNS, len(regimes))
+    rows = -(-len(regimes) // cols)
+    fig, grid = plt.subplots(rows, cols, figsize=(5 * cols, 3.8 * rows), squeeze=False)
+    panels = [ax for row in grid for ax in row]
+    for ax in panels[len(regimes) :]:
+        ax.set_visible(False)
     shown = (("follow-up TTFT p50", -0.27), ("follow-up TTFT p99", 0.0),
              ("first-turn TTFT p50", 0.27))  # fmt: skip
-    for ax, regime in zip(axes[0], regimes, strict=True):
+    for ax, regime in zip(panels[: len(regimes)], regimes, strict=True):
         modes = results[regime]
         names = list(modes)
         xs = range(len(names))
@@ -288,7 +297,7 @@ def chart(results: Mapping[str, Mapping[str, Mapping[str, Any]]], out: Path) -> 
         ax.set_yscale("log")
         ax.set_title(regime)
         ax.set_ylabel("seconds (median over runs)")
-    axes[0][0].legend(fontsize=7)
+    panels[0].legend(fontsize=7)
     fig.suptitle("vLLM multi-turn benchmark client; stock vLLM baselines, prefix caching on")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
