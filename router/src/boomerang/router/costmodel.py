@@ -53,12 +53,13 @@ why (2p1d, 2026-12-06, offline from the client's records and the router's log, 6
 over three policies): a stream on D lost 74 ms per continued turn and 65 ms per handed-over one
 (10 ms per token, 2 ms more per other request in the batch; R² 0.95), so continuing a 250-400
 token suffix cost D's streams about 10 ms more than sending it to P, not its whole prefill.
-The rule before refused such continues (27 of 180 follow-ups a run), which then took 237-330
-ms on P against 156 ms continued and made the follow-up p99, for no TPOT (27 ms against
-decode-first-512's 26 ms).
-On an accelerator, where D reads P's blocks by RDMA beside its steps, a handover should cost
-D's streams little (not measured here): the learned stall then stays near 0 and the rule near
-the old one.
+The rule without it sent 23 of a set's 180 follow-ups to P, where they took 237-330 ms (median
+by path) against 156 ms continued and made the follow-up p99, for no TPOT (27 ms against
+decode-first-512's 26 ms). Its prior weighs as much as 20 streams, as every leg's does: a
+benchmark run's fresh router, 44 streams, kept it at 0; fed those runs' streams one after
+another, it reached 16-30 ms after 220. On an accelerator, where D reads P's blocks by RDMA
+beside its steps, a handover should cost D's streams little (not measured here): the learned
+stall then stays near 0 and the rule near the old one.
 
 Pull minus recompute is `p_pull_fixed - (p_compute - p_pull) * reusable`, so the break-even is
 one history length and does not depend on the suffix. The engine's `kv_recompute_threshold` is a
