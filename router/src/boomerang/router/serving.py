@@ -197,11 +197,11 @@ class Serving:
         rid = turn.engine_request_id("s" if turn.alone else stage)
         call = (ep.url + apis.of(turn.req.kind).path, body, rid)
         t = self.config.timeouts
+        handed_over = stage == "d" and not turn.alone  # from P; else continued or alone
         # After P, what P did not compute; else (continue, alone) the engine's own count.
         cached: Cached = "own"
-        if stage == "d" and not turn.alone:
+        if handed_over:
             cached = "unknown" if turn.p_cached is None else turn.p_cached
-        handed_over = stage == "d" and not turn.alone
         mark: Mark | None = None
 
         def on_first() -> None:
