@@ -26,6 +26,7 @@ stall bound, so that none can hide a stall.
     make bench-production                        # spare, pressure, 2p1d; every mode, 5 rounds
     make bench-production ARGS="--sweep"         # and the sweep's regimes (over an hour)
     make bench-production ARGS="--quick"         # spare, 8 conversations, 1 round
+    make bench-production ARGS="--replot --merge 'R, router abc1234=OUT2' --publish"
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from typing import Any
 import engine_watch
 import machine
 import multiturn_client
+import production_merge
 import production_report as report
 import stock
 from bench_ttft import REPO
@@ -314,6 +316,11 @@ def parse_args() -> argparse.Namespace:
         help="with --replot: SERIALS:REASON, runs left out of the pooled figures (kept, marked)",
     )  # fmt: skip
     ap.add_argument(
+        "--merge", action="append", default=[], metavar="[LABEL=]PATH",
+        help="with --replot: add another sitting's runs (its production.json or folder) to "
+        "OUT's, its one regime renamed LABEL (production_merge.py); repeatable",
+    )  # fmt: skip
+    ap.add_argument(
         "--publish", action="store_true",
         help="write the sitting into README.md's headline and docs/benchmarks.md",
     )  # fmt: skip
@@ -325,6 +332,8 @@ def parse_args() -> argparse.Namespace:
     if args.sweep:
         args.regimes += [r for r, spec in REGIMES.items() if spec.sweep and r != "2p2d"]
     args.modes = [m for m in args.modes.split(",") if m]
+    if args.merge and not args.replot:
+        ap.error("--merge adds to published results: use it with --replot")
     unknown = [r for r in args.regimes if r not in REGIMES]
     unknown += [m for m in args.modes if m not in MODES]
     if unknown:
@@ -337,6 +346,12 @@ def main() -> None:
     result_file = args.out / "production.json"
     if args.replot:
         res = json.loads(result_file.read_text())
+        if args.merge:
+            try:
+                res = production_merge.merged(res, args.merge)
+            except (OSError, ValueError) as exc:
+                sys.exit(f"--merge: {exc}")
+            result_file.write_text(json.dumps(res, separators=(",", ":")))
         if args.exclude:
             serials, _, why = args.exclude.partition(":")
             report.exclude(res, {int(n) for n in serials.split(",") if n}, why)

@@ -247,3 +247,80 @@ def test_a_sitting_records_the_commit_its_router_ran_from(tmp_path: Any) -> None
     res = {"machine": "m", "client": "c", "rounds": 5, "default_mode": "adaptive",
            "baselines": [], "pooled": {}, "revision": f"{head}-dirty"}  # fmt: skip
     assert f"source at {head}-dirty" in report.sitting_block(res)
+
+
+def sitting(regime: str, serials: range, **top: Any) -> dict[str, Any]:
+    runs = [
+        {**run(0.1 * (s % 10 + 1), 40), "serial": s, "regime": regime, "mode": m}
+        for s in serials
+        for m in ("affinity", "adaptive")
+    ]
+    return {
+        "date": "2026-12-05", "revision": "aaaaaaa", "rounds": 5,
+        "command": f'make bench-production ARGS="--regimes {regime} --out /x/{regime}"',
+        "workloads": {regime: {"w": regime}}, "engine_sets": [{"regime": regime}],
+        "runs": runs, "pooled": report.pooled_by_regime(runs), **top,
+    }  # fmt: skip
+
+
+def test_a_merged_sitting_keeps_its_date_commit_and_serials_apart() -> None:
+    """A later sitting's runs join the published ones without being read as the same set:
+    renamed by the label, serials past every published one (excluded runs too), each run
+    naming its sitting's date and commit, the figures pooled again."""
+    import production_merge
+
+    base = sitting("2p1d", range(3))
+    base["excluded_runs"] = [{**base["runs"][0], "serial": 117}]
+    part = sitting("2p1d", range(2), date="2026-12-06", revision="bbbbbbb", rounds=3)
+    before = json.dumps(base)
+    out = production_merge.merge(base, part, "2p1d, router bbbbbbb")
+    assert json.dumps(base) == before  # the published results are not changed in place
+    added = [r for r in out["runs"] if r["regime"] == "2p1d, router bbbbbbb"]
+    assert sorted(r["serial"] for r in added) == [200, 200, 201, 201]
+    assert {(r["date"], r["revision"]) for r in added} == {("2026-12-06", "bbbbbbb")}
+    assert sorted(r["seed_serial"] for r in added) == [0, 0, 1, 1]
+    assert list(out["pooled"]) == ["2p1d", "2p1d, router bbbbbbb"]
+    assert out["pooled"]["2p1d, router bbbbbbb"]["adaptive"]["runs"] == 2
+    assert out["workloads"]["2p1d, router bbbbbbb"] == {"w": "2p1d"}
+    assert out["engine_sets"][-1] == {"regime": "2p1d, router bbbbbbb"}
+    assert out["command"].endswith('; then 2p1d, router bbbbbbb: ARGS="--regimes 2p1d"')
+    assert (out["date"], out["rounds"]) == (
+        "2026-12-05 and 2026-12-06",
+        "5; 2p1d, router bbbbbbb: 3",
+    )
+    assert "revision" not in out  # two commits: each run names its own
+
+
+def test_a_merge_that_would_mix_sittings_is_refused() -> None:
+    import production_merge
+
+    base = sitting("2p1d", range(2))
+    with pytest.raises(ValueError, match="already published: 2p1d"):
+        production_merge.merge(base, sitting("2p1d", range(2)), None)
+    two = sitting("spare", range(1))
+    two["runs"] += sitting("pressure", range(1))["runs"]
+    two["pooled"] = report.pooled_by_regime(two["runs"])
+    with pytest.raises(ValueError, match="this part ran spare, pressure"):
+        production_merge.merge(base, two, "one label")
+    merged = production_merge.merge(base, two, None)  # unlabelled: regimes as they ran
+    assert list(merged["pooled"]) == ["2p1d", "spare", "pressure"]
+    assert production_merge.parse_part("a, b=c/d=e") == ("a, b", production_merge.Path("c/d=e"))
+    assert production_merge.parse_part("p.json") == (None, production_merge.Path("p.json"))
+    with pytest.raises(ValueError, match="no results file"):
+        production_merge.parse_part("label=")
+
+
+def test_merged_results_naming_this_machine_are_refused(tmp_path: Any) -> None:
+    import production_merge
+
+    part = sitting("spare", range(1))
+    part["engine_sets"] = [{"regime": "spare", "log": f"{tmp_path}/engines/p.log"}]
+    (tmp_path / "part.json").write_text(json.dumps(part))
+    base = sitting("2p1d", range(1))
+    with pytest.raises(ValueError, match="name paths of this machine"):
+        production_merge.merged(base, [f"{tmp_path}/part.json"])
+    part["engine_sets"] = [{"regime": "spare"}]
+    (tmp_path / "production.json").write_text(json.dumps(part))
+    out = production_merge.merged(base, [f"spare, later={tmp_path}"])  # a folder holding one
+    assert list(out["pooled"]) == ["2p1d", "spare, later"]
+    assert "/x/" not in out["command"]
