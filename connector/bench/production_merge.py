@@ -77,7 +77,8 @@ def merge(base: Mapping[str, Any], part: Mapping[str, Any], label: str | None) -
     out["command"] = f"{base_command}; then {', '.join(name.values())}: {command(part)}"
     if part.get("date") and part["date"] not in str(base.get("date", "")):
         out["date"] = f"{base.get('date')} and {part['date']}"
-    if str(part["rounds"]) != str(base["rounds"]):
+    if str(part["rounds"]) != str(base["rounds"]).split(" ", 1)[0].rstrip(";"):
+        # The base's rounds may already say where they differ ("5 (agentic's stock modes: 3)").
         out["rounds"] = f"{base['rounds']}; {', '.join(name.values())}: {part['rounds']}"
     if part.get("revision") != base.get("revision"):
         out.pop("revision", None)  # each run names its own

@@ -289,6 +289,8 @@ def test_a_merged_sitting_keeps_its_date_commit_and_serials_apart() -> None:
         "5; 2p1d, router bbbbbbb: 3",
     )
     assert "revision" not in out  # two commits: each run names its own
+    again = production_merge.merge(out, sitting("spare", range(1), rounds=5), None)
+    assert again["rounds"] == out["rounds"]  # the same rounds as the first sitting's
 
 
 def test_a_merge_that_would_mix_sittings_is_refused() -> None:
