@@ -61,13 +61,14 @@ def merge(base: Mapping[str, Any], part: Mapping[str, Any], label: str | None) -
     out = copy.deepcopy(dict(base))
     published = out["runs"] + out.get("excluded_runs", [])
     offset = (max((r["serial"] for r in published), default=0) // 100 + 1) * 100
-    for run in copy.deepcopy(part["runs"]):
-        run["seed_serial"] = run.get("seed_serial", run["serial"])
-        run["serial"] += offset
-        run["regime"] = name[run["regime"]]
-        run.setdefault("date", part.get("date"))
-        run.setdefault("revision", part.get("revision"))
-        out["runs"].append(run)
+    for key in ("runs", "excluded_runs"):  # an excluded run stays excluded, and shown
+        for run in copy.deepcopy(part.get(key, [])):
+            run["seed_serial"] = run.get("seed_serial", run["serial"])
+            run["serial"] += offset
+            run["regime"] = name[run["regime"]]
+            run.setdefault("date", part.get("date"))
+            run.setdefault("revision", part.get("revision"))
+            out.setdefault(key, []).append(run)
     for engine_set in copy.deepcopy(part["engine_sets"]):
         engine_set["regime"] = name[engine_set["regime"]]
         out["engine_sets"].append(engine_set)

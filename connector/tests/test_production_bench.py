@@ -272,6 +272,7 @@ def test_a_merged_sitting_keeps_its_date_commit_and_serials_apart() -> None:
     base = sitting("2p1d", range(3))
     base["excluded_runs"] = [{**base["runs"][0], "serial": 117}]
     part = sitting("2p1d", range(2), date="2026-12-06", revision="bbbbbbb", rounds=3)
+    part["excluded_runs"] = [{**part["runs"][0], "serial": 7, "excluded_because": "a build"}]
     before = json.dumps(base)
     out = production_merge.merge(base, part, "2p1d, router bbbbbbb")
     assert json.dumps(base) == before  # the published results are not changed in place
@@ -279,6 +280,10 @@ def test_a_merged_sitting_keeps_its_date_commit_and_serials_apart() -> None:
     assert sorted(r["serial"] for r in added) == [200, 200, 201, 201]
     assert {(r["date"], r["revision"]) for r in added} == {("2026-12-06", "bbbbbbb")}
     assert sorted(r["seed_serial"] for r in added) == [0, 0, 1, 1]
+    assert [(r["serial"], r["regime"]) for r in out["excluded_runs"]] == [
+        (117, "2p1d"),
+        (207, "2p1d, router bbbbbbb"),
+    ]
     assert list(out["pooled"]) == ["2p1d", "2p1d, router bbbbbbb"]
     assert out["pooled"]["2p1d, router bbbbbbb"]["adaptive"]["runs"] == 2
     assert out["workloads"]["2p1d, router bbbbbbb"] == {"w": "2p1d"}
