@@ -351,10 +351,10 @@ def main() -> None:
                 res = production_merge.merged(res, args.merge)
             except (OSError, ValueError) as exc:
                 sys.exit(f"--merge: {exc}")
-            result_file.write_text(json.dumps(res, separators=(",", ":")))
         if args.exclude:
             serials, _, why = args.exclude.partition(":")
             report.exclude(res, {int(n) for n in serials.split(",") if n}, why)
+        if args.merge or args.exclude:
             result_file.write_text(json.dumps(res, separators=(",", ":")))
     else:
         # Made before the first run, not found missing after the last: a sitting that cannot

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import production_report as report
+from bench_ttft import REPO
 
 _OUT = re.compile(r" --out [^\s\"]+")
 _MAKE = "make bench-production "
@@ -105,8 +106,6 @@ def machine_paths(text: str, roots: Iterable[Path]) -> list[str]:
 def merged(base: Mapping[str, Any], parts: Iterable[str]) -> dict[str, Any]:
     """`base` with every `LABEL=PATH` part merged in order; refused if the result names a path
     of this machine (home, temporary folder, the repository)."""
-    from bench_ttft import REPO
-
     out = dict(base)
     for spec in parts:
         label, path = parse_part(spec)
