@@ -109,6 +109,11 @@ class EngineSpec:
     """False: /health answers 503 (an engine that is down or restarting)."""
     api_key: str | None = None
     """Like vLLM's --api-key: completions and tokenize need this Bearer key."""
+    in_band_errors: int = 0
+    """Streams still to end with vLLM's in-band error (`data: {"error": ...}` then [DONE],
+    under the 200), as vLLM reports a failed KV load under `kv_load_failure_policy: fail`."""
+    in_band_after: int = 0
+    """Tokens streamed before that error (0: after the role's event, before any token)."""
     chunk_delay_s: float = 0.0
     """Pause between streamed chunks (to test disconnects mid-stream)."""
     chunk_per_token: bool = False
@@ -389,6 +394,12 @@ class FakeEngine:
         else:
             pieces = _word_pieces(content, out_ids, finish)
         for i, (text, tok) in enumerate(pieces):
+            if self.spec.in_band_errors and i == self.spec.in_band_after:
+                self.spec.in_band_errors -= 1
+                error = {"message": "KV load failed", "type": "InternalServerError", "code": 500}
+                await resp.write(sse_event({"error": error}) + b"data: [DONE]\n\n")
+                await resp.write_eof()
+                return
             last = i == len(pieces) - 1
             choice = chunk_choice(chat, text, finish if last else None, tok if want_ids else None)
             chunk: dict[str, Any] = {**base, "choices": [choice]}

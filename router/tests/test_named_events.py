@@ -10,6 +10,7 @@ import random
 from typing import Any
 
 import orjson
+import pytest
 from test_stream_relay import relay
 
 from boomerang.router import sse
@@ -140,7 +141,7 @@ async def test_a_stream_without_its_final_event_gets_nothing_added_and_files_not
 async def test_a_failure_mid_stream_ends_with_the_api_s_error_event() -> None:
     for events, name in ((MessagesEvents(), "error"), (ResponsesEvents(), "error")):
         stream = message_stream() if isinstance(events, MessagesEvents) else response_stream()
-        pieces: list[Any] = [*stream[:2], UpstreamError("protocol", "connection lost")]
+        pieces: list[Any] = [*stream[:3], UpstreamError("protocol", "connection lost")]
         got, result = await relay(pieces, make=lambda ev=events: NamedStreamRelay(ev, lambda: None))
         assert isinstance(got, bytes) and result is not None and not result.finished
         last_name, last = client_blocks(got)[-1]
@@ -148,7 +149,38 @@ async def test_a_failure_mid_stream_ends_with_the_api_s_error_event() -> None:
         if isinstance(events, MessagesEvents):
             assert last["error"]["type"] == "api_error"
         else:
-            assert last["sequence_number"] == 2 and "connection lost" in last["message"]
+            assert last["sequence_number"] == 3 and "connection lost" in last["message"]
+
+
+@pytest.mark.parametrize("api", ["messages", "responses"])
+async def test_a_failure_before_any_output_is_an_upstream_error_not_an_empty_200(api: str) -> None:
+    """The events before the first delta are held: a stream that fails, or reports an error
+    in-band, before D generated anything never reaches the client (the flow retries it)."""
+    stream = message_stream() if api == "messages" else response_stream()
+    error = {"type": "error", "error": {"type": "api_error", "message": "KV load failed"}}
+    for tail in ([UpstreamError("protocol", "connection lost")], [named("error", error)]):
+        events = MessagesEvents() if api == "messages" else ResponsesEvents()
+        got, _ = await relay(
+            [*stream[:2], *tail], make=lambda ev=events: NamedStreamRelay(ev, lambda: None)
+        )
+        assert isinstance(got, UpstreamError), got
+
+
+async def test_an_answer_that_is_only_its_end_is_served() -> None:
+    """A message whose only generated token ended it (no content delta) is a whole answer:
+    its closing usage counts the token."""
+    start = named("message_start", {"message": {"id": "m", "content": [], "usage": {}}})
+    end = {"delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 1}}
+    pieces = [start, named("message_delta", end), named("message_stop", {})]
+    got, result = await relay(pieces, make=lambda: NamedStreamRelay(MessagesEvents(), lambda: None))
+    assert isinstance(got, bytes) and result is not None and result.finished
+    assert result.finish_reason == "end_turn"
+    end["usage"] = {"output_tokens": 0}
+    got, _ = await relay(
+        [start, named("message_delta", end), named("message_stop", {})],
+        make=lambda: NamedStreamRelay(MessagesEvents(), lambda: None),
+    )
+    assert isinstance(got, UpstreamError) and "before any token" in str(got)
 
 
 async def test_a_stream_failing_before_its_first_event_is_an_upstream_error() -> None:

@@ -208,8 +208,8 @@ async def test_chunks_without_ids_and_a_params_only_final_chunk() -> None:
     assert result.params == D_PARAMS and result.output_ids == [] and result.prompt_ids is None
     assert got == body  # nothing to strip, and the params-only chunk is not for the client
     usage = sse.event({"id": "r", "choices": [], "usage": {"total_tokens": 3}})
-    got, _ = await relay([usage, sse.DONE_EVENT])
-    assert got == usage + sse.DONE_EVENT
+    got, _ = await relay([body[: -len(sse.DONE_EVENT)], usage, sse.DONE_EVENT])
+    assert got == body[: -len(sse.DONE_EVENT)] + usage + sse.DONE_EVENT
 
 
 async def test_a_multi_line_event_is_written_as_one_line() -> None:
@@ -224,9 +224,14 @@ async def test_a_multi_line_event_is_written_as_one_line() -> None:
     assert result.reply is not None and result.reply["content"] == "a"
 
 
+def after_first_token(raw: bytes) -> int:
+    """Where the first generated token's event ends (the role's event comes before it)."""
+    return raw.index(b"\n\n", raw.index(b"\n\n") + 2) + 2
+
+
 async def test_each_read_is_written_before_the_next_arrives() -> None:
     raw = vllm_stream("ab")
-    cut = raw.index(b"\n\n") + 2  # the first event
+    cut = after_first_token(raw)  # the role's event and the first token's
     more = asyncio.Event()
 
     async def client_reads_first(resp: Any) -> None:
@@ -265,7 +270,7 @@ async def test_failures_before_the_first_event_are_upstream_errors(
 
 async def test_a_failure_mid_stream_ends_it_with_an_error_event() -> None:
     raw = vllm_stream("abc")
-    cut = raw.index(b"\n\n") + 2
+    cut = after_first_token(raw)
     for failure in (b"data: {broken\n\n", UpstreamError("protocol", "connection lost")):
         got, result = await relay([raw[:cut], failure])
         assert isinstance(got, bytes) and result is not None and not result.finished
@@ -294,7 +299,7 @@ async def test_d_is_not_read_while_the_client_is_behind_and_the_client_gets_ever
 
 
 async def test_d_is_read_again_when_its_stream_ends_while_the_client_is_behind() -> None:
-    events = [chunk(None, [1]), chunk("x" * (8 << 20), [2])]  # past the socket buffers
+    events = [chunk(None, [1]), chunk("a", [2]), chunk("x" * (8 << 20), [3])]  # past the buffers
     stream = ScriptedStream([sse.event(e) for e in events])  # no [DONE]: the body just ends
 
     async def client_reads_late(resp: Any) -> None:
@@ -323,10 +328,10 @@ async def test_the_handler_task_does_not_wake_per_read(monkeypatch: pytest.Monke
 
 
 async def test_the_headers_leave_with_the_first_event() -> None:
-    """One write for the headers and D's first event (a send and a segment fewer per streamed
-    turn), then one per read of D's stream."""
+    """One write for the headers and D's first events up to its first token (a send and a
+    segment fewer per streamed turn), then one per read of D's stream."""
     raw = vllm_stream("ab")
-    cut = raw.index(b"\n\n") + 2
+    cut = after_first_token(raw)
     writes: list[bytes] = []
 
     def spy_on_writes(request: web.Request) -> None:
@@ -340,3 +345,50 @@ async def test_the_headers_leave_with_the_first_event() -> None:
     head, first = writes[0].split(b"\r\n\r\n", 1)
     assert head.startswith(b"HTTP/1.1 200") and b"text/event-stream" in head
     assert b'"role":"assistant"' in first and len(writes) == 2
+
+
+def error_chunk(code: int = 500) -> bytes:
+    """vLLM's in-band error, as its stream reports an exception under a 200."""
+    error = {"message": "KV load failed", "type": "InternalServerError", "code": code}
+    return sse.event({"error": error})
+
+
+@pytest.mark.parametrize(
+    ("pieces", "kind"),
+    [
+        ([sse.event(chunk(None, [1])), error_chunk(), sse.DONE_EVENT], "status"),
+        ([error_chunk(), sse.DONE_EVENT], "status"),
+        ([sse.event(chunk(None, [1])), error_chunk(400), sse.DONE_EVENT], "client"),
+        ([sse.event(chunk(None, [1])), sse.event(chunk("", None, "error"))], "status"),
+        ([sse.event(chunk(None, [1])), sse.event(chunk("", None, "stop")), sse.DONE_EVENT],
+         "protocol"),
+        ([sse.event(chunk(None, [1])), sse.DONE_EVENT], "protocol"),
+        ([sse.event(chunk(None, [1]))], "protocol"),
+    ],
+)  # fmt: skip
+async def test_an_error_or_an_end_before_the_first_token_never_reaches_the_client(
+    pieces: list[Any], kind: str
+) -> None:
+    """vLLM reports a failure in-band under its 200 (an error event, a finish reason `error`):
+    before D generated a token that is an UpstreamError the flow retries elsewhere, and the
+    client has no byte of it, never an empty 200. So is a stream that ends, or finishes
+    with no token, before its first token."""
+    got, result = await relay(pieces)
+    assert isinstance(got, UpstreamError) and got.kind == kind and result is None
+
+
+async def test_an_answer_whose_only_token_ended_it_is_a_whole_answer() -> None:
+    """The model may end its answer at once (its end-of-sequence token, no text): D generated
+    a token and finished, so it is served as it is, not retried."""
+    eos = chunk("", [2], "stop")
+    got, result = await relay([sse.event(chunk(None, [1])), sse.event(eos), sse.DONE_EVENT])
+    assert isinstance(got, bytes) and result is not None and result.finished
+    assert result.finish_reason == "stop" and result.output_ids == [2]
+    assert client_events(got)[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_an_in_band_error_after_the_first_token_ends_the_stream_not_finished() -> None:
+    raw = vllm_stream("abc")
+    got, result = await relay([raw[: after_first_token(raw)], error_chunk(), sse.DONE_EVENT])
+    assert isinstance(got, bytes) and result is not None and not result.finished
+    assert client_events(got)[-1]["error"]["code"] == 500

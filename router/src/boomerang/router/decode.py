@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 import orjson
 from aiohttp import HttpVersion11, web
@@ -24,6 +24,7 @@ from boomerang.router.config import Timeouts
 from boomerang.router.upstream import (
     EngineClient,
     EngineStream,
+    FailureKind,
     UpstreamError,
     open_stream,
     post_json,
@@ -34,6 +35,17 @@ from boomerang.router.validation import ClientRequest, Kind
 
 class ClientGone(Exception):
     """The client disconnected while the answer was being written."""
+
+
+def in_band_error(error: Any) -> UpstreamError:
+    """An error an engine sent inside its 200 stream (vLLM: `{"error": {"message", "code"}}`),
+    as the failure it is: the request's fault for a 4xx code, else the engine's."""
+    body = error if isinstance(error, dict) else {"message": str(error)}
+    code = body.get("code")
+    status = code if isinstance(code, int) and 400 <= code < 600 else 500
+    message = f"in-band error: {body.get('message') or body.get('type') or 'unknown'}"
+    kind: FailureKind = "client" if status < 500 else "status"
+    return UpstreamError(kind, message, status=status, body=orjson.dumps({"error": body}))
 
 
 def result_from_response(payload: dict[str, Any]) -> DecodeResult:
@@ -260,21 +272,58 @@ class StreamRelay:
     def _take_events(self, events: list[bytes]) -> None:
         """Collect from events and queue what the client sees of them, up to [DONE]."""
         if not self._started:
-            try:
-                first = self._decode(events[0])
-            except ValueError as exc:
-                self._failure = UpstreamError("protocol", f"stream failed: {exc!r}")
+            events = self._hold(events)
+            if not self._started:
                 return
-            self._started = True
-            if self._emit(events[0], first):
-                self._tail = self.END
-                return
-            events = events[1:]
         try:
             if self._emit_all(events):
                 self._tail = self.END
         except ValueError as exc:
             self._fail_mid(exc)
+
+    def _hold(self, events: list[bytes]) -> list[bytes]:
+        """Before D generated anything, events are queued, not committed: vLLM reports a
+        failure in-band under its 200 (an error event, or a finish reason `error`, then
+        [DONE]), so a 200 alone says nothing. The first event that carries a generated token
+        (or its text) starts the answer; an error, or an end, before it is an UpstreamError
+        the flow retries elsewhere, and the client never saw a byte. Returns the events after
+        the one that started the answer."""
+        for i, data in enumerate(events):
+            try:
+                chunk = self._decode(data)
+            except ValueError as exc:
+                self._failure = UpstreamError("protocol", f"stream failed: {exc!r}")
+                return []
+            if (refused := self._refusal(chunk)) is not None:
+                self._failure = refused
+                return []
+            ended = self._emit(data, chunk)
+            if self._generated():
+                self._started = True
+                if ended:
+                    self._tail = self.END
+                return [] if ended else events[i + 1 :]
+            if ended:
+                self._failure = UpstreamError("protocol", "stream ended before any token")
+                return []
+        return []
+
+    def _refusal(self, chunk: Any) -> UpstreamError | None:
+        """An in-band failure in a chunk (`{"error": ...}`, or a choice that finished with
+        reason `error`), as the UpstreamError it is; None for any other chunk."""
+        if not isinstance(chunk, dict):
+            return None
+        error = chunk.get("error")
+        if error is not None and not chunk.get("choices"):
+            return in_band_error(error)
+        for choice in chunk.get("choices") or ():
+            if isinstance(choice, dict) and choice.get("finish_reason") == "error":
+                return UpstreamError("status", "the engine finished the request with an error")
+        return None
+
+    def _generated(self) -> bool:
+        """Whether D's events so far carried a generated token, text or tool call."""
+        return bool(self.result.output_ids or any(self._parts) or self._calls)
 
     END = sse.DONE_EVENT
     """What ends the client's stream after D's last event (OpenAI's chunks: [DONE])."""
@@ -353,8 +402,9 @@ class StreamRelay:
         ids = choice.get("token_ids")
         if isinstance(ids, list):
             self.result.output_ids.extend(ids)
-        if choice.get("finish_reason") is not None:
-            self.result.finished = True
+        if (reason := choice.get("finish_reason")) is not None:
+            self.result.finish_reason = str(reason)
+            self.result.finished = reason != "error"
         text = choice.get("text")
         delta = choice.get("delta")
         if isinstance(text, str):
@@ -397,11 +447,32 @@ class NamedStreamRelay(StreamRelay):
 
     END = b""
 
+    FAILED: Final = frozenset({"error", "response.failed"})
+    """Events that end a named stream with a failure."""
+    ENDS: Final = frozenset({"message_delta", "response.completed", "response.incomplete"})
+    """Events that close the answer, with its usage (a count of generated tokens)."""
+
     def __init__(self, events: EventStream, on_first: Callable[[], None]) -> None:
         super().__init__(False, on_first)
         self._named = events
         self.result = events.result
         self._events = sse.BlockSplitter()
+        self._tokens = False
+        """An event carried generated output (a delta, or a closing usage that counts some)."""
+
+    def _refusal(self, chunk: Any) -> UpstreamError | None:
+        name, event = chunk
+        if not isinstance(event, dict):
+            return None
+        kind = name or event.get("type")
+        if kind == "error":
+            return in_band_error(event.get("error"))
+        if kind in self.FAILED:
+            return UpstreamError("status", f"the engine's stream ended with {kind}")
+        return None
+
+    def _generated(self) -> bool:
+        return self._tokens or bool(self.result.output_ids)
 
     @staticmethod
     def _decode(data: bytes) -> Any:
@@ -419,6 +490,8 @@ class NamedStreamRelay(StreamRelay):
         if not isinstance(event, dict):
             self._out += (data, b"\n\n")
             return False
+        if not self._tokens:
+            self._tokens = _carries_output(name or str(event.get("type")), event)
         edited = self._named.process(name, event)
         edited |= usage.rewrite(self.reported[0], event, self.reported[1], self.result.params)
         if edited:
@@ -429,3 +502,16 @@ class NamedStreamRelay(StreamRelay):
 
     def _finish_reply(self) -> None:
         self._named.finish()
+
+
+def _carries_output(name: str, event: dict[str, Any]) -> bool:
+    """Whether a named event carries generated output: a content delta (Messages'
+    `content_block_delta`, Responses' `*.delta`), or a closing event whose usage counts
+    generated tokens (an answer that is only its end-of-sequence token)."""
+    if name == "content_block_delta" or (name.startswith("response.") and name.endswith(".delta")):
+        return True
+    if name not in NamedStreamRelay.ENDS:
+        return False
+    usage_of = event.get("usage") or (event.get("response") or {}).get("usage") or {}
+    tokens = usage_of.get("output_tokens") if isinstance(usage_of, dict) else None
+    return isinstance(tokens, int) and tokens > 0

@@ -75,6 +75,12 @@ class Router(Serving):
             self._verify(turn)  # 3. the handle against the new prompt
             plan = self._plan(turn)  # 4. the legs to try
             return await self._run(request, turn, plan, claim)  # 5. until one answers
+        except ApiError as exc:
+            turn.failure = f"{exc.status}: {exc.message}"
+            raise
+        except BaseException as exc:  # the client left (cancelled), or a bug
+            turn.failure = type(exc).__name__
+            raise
         finally:
             await self._finish(turn, claim)  # 6. restore an unused handle, count, log
 
@@ -369,12 +375,40 @@ class Router(Serving):
                 self.retention.filed(
                     turn.lookup_key, handle, turn.tenant, now, replaced=None, hint_s=hint
                 )
+        self._count(turn)
+
+    def _count(self, turn: Turn) -> None:
+        """Count and log the turn by what the client got: `Served turn` (its path counted)
+        only for a whole answer; a turn that failed, broke off mid-stream or lost its client
+        gets its own line and outcome (`boomerang_router_turns_total{outcome}`)."""
         m = self.metrics
         m.reuse.labels(turn.outcome).inc()
-        self.paths.served(turn.path)
+        outcome = turn_outcome(turn)
+        m.turns.labels(outcome).inc()
+        if outcome == "served":
+            self.paths.served(turn.path)
         if turn.reused_tokens:
             m.reused_tokens.labels(turn.outcome).inc(turn.reused_tokens)
         if turn.outcome is Outcome.PARTIAL and turn.prompt_ids:
             m.reused_fraction.observe(turn.reused_tokens / len(turn.prompt_ids))
-        if log.isEnabledFor(logging.INFO):
+        if outcome == "served" and log.isEnabledFor(logging.INFO):
             log.info("Served turn", extra=turn.summary())
+        elif outcome == "cancelled":
+            log.info("Cancelled turn", extra=turn.summary())
+        elif outcome != "served":
+            log.warning("Failed turn", extra={**turn.summary(), "outcome": outcome})
+
+
+def turn_outcome(turn: Turn) -> str:
+    """What the client got: `served` (a whole answer), `cancelled` (it left first), `broken`
+    (a stream that ended with an in-band error after the first byte), `failed` (an error)."""
+    if turn.served:
+        return "served"
+    if turn.failure in CANCELLED:
+        return "cancelled"
+    if turn.failure is None and turn.first_sent:
+        return "broken"
+    return "failed"
+
+
+CANCELLED = frozenset({"CancelledError", "ClientGone"})

@@ -162,7 +162,7 @@ class PrefillDecode:
         with s.decode.track(d_ep, 1.0):
             result = await s.answer(request, turn, d_ep, body, mode)
         s.metrics.decode_latency.observe(time.perf_counter() - start)
-        s.decode.succeeded(d_ep)
+        s.settled(s.decode, d_ep, result)
         prompt_ids = turn.prompt_ids or result.prompt_ids
         if mode == "stream" and turn.first_at and prompt_ids is not None:
             s.paths.observe_decode_first(len(prompt_ids), turn.first_at - start)
@@ -200,7 +200,7 @@ class Continue:
             raise LegFailed(exc, answered=exc.kind in ANSWERED and not holder.ejected) from None
         turn.continued_on_holder()
         s.metrics.decode_latency.observe(time.perf_counter() - start)
-        s.decode.succeeded(holder)
+        s.settled(s.decode, holder, result)
         self._observe(turn, result.finished and api.can_buffer, result.params, mode, start)
         if result.finished:
             s.place(turn, result, holder)
@@ -243,7 +243,7 @@ class DecodeFirst:
             turn.decode_url = d_ep.url
             with s.decode.track(d_ep, 1.0):
                 result = await s.answer(request, turn, d_ep, body, mode, "c")
-            s.decode.succeeded(d_ep)
+            s.settled(s.decode, d_ep, result)
             turn.continued_on_holder()
             if result.finished:
                 s.place(turn, result, d_ep)
@@ -280,7 +280,7 @@ class Alone:
             load = (s.prefill_work(turn, ep), s.work(turn)) if role == "prefill" else (1.0, 0.0)
             with pool.track(ep, *load):
                 result = await s.answer(request, turn, ep, body, mode)
-            pool.succeeded(ep)
+            s.settled(pool, ep, result)
             assert result.response is not None
             return result.response
 

@@ -90,6 +90,13 @@ class Metrics:
         self.requests = Counter(
             p + "requests", "Client requests by outcome.", ["outcome"], registry=r
         )
+        self.turns = Counter(
+            p + "turns",
+            "Turns by what the client got: served (a whole answer), broken (a stream ended by "
+            "an in-band error), failed (an error answer) or cancelled (the client left).",
+            ["outcome"],
+            registry=r,
+        )
         self.reuse = Counter(
             p + "reuse", "Reuse decision per turn (see module docs).", ["outcome"], registry=r
         )

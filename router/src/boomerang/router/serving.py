@@ -213,12 +213,23 @@ class Serving:
         result = await call_and_answer(
             request, self.engines, call, turn.req, mode, t, on_first, cached
         )
+        turn.answered(result)
         if mode == "stream" and result.finished and turn.first_at:
             seconds = time.perf_counter() - turn.first_at
             ep.streamed(seconds)  # D's decode time (costmodel)
             if mark is not None and result.output_ids:
                 self.paths.observe_stream(len(result.output_ids), ep.since(mark), seconds)
         return result
+
+    def settled(self, pool: Pool, ep: Endpoint, result: DecodeResult) -> None:
+        """After an engine's answer went to the client: a whole answer is a success (it
+        resets the engine's failure count); one that broke off after the first byte (an
+        in-band error, a lost connection) is a failure, counted towards ejecting it."""
+        if result.finished:
+            pool.succeeded(ep)
+        else:
+            broken = UpstreamError("protocol", "the answer broke off after the first byte")
+            self.failover.failed(pool, ep, broken)
 
     def _on_first(self, turn: Turn) -> None:
         if not turn.first_sent:

@@ -46,6 +46,7 @@ from typing import Any, Final, Literal
 from boomerang.router import apis, logs
 from boomerang.router import conversation as conv
 from boomerang.router.affinity import Placement
+from boomerang.router.apis import DecodeResult
 from boomerang.router.costmodel import Path
 from boomerang.router.endpoints import Endpoint, Role
 from boomerang.router.reuse import ATTACHED, Outcome, Reuse
@@ -144,6 +145,10 @@ class Turn:
     it pulled from D; `usage.py`); None: P did not say, or no P served the turn."""
     retention_learned_s: float | None = None
     """The learned retention in force for the tenant when D's handle was filed (adaptive)."""
+    answer: DecodeResult | None = None
+    """The last engine answer relayed to the client (`answered`); None: none was."""
+    failure: str | None = None
+    """Why the turn was not served (the error the client got), for its log line."""
 
     # -- the handle's state machine ---------------------------------------------------------
 
@@ -332,9 +337,23 @@ class Turn:
             return None
         return apis.of(req.kind).file_key(self.tenant, req.model, req.body, reply)
 
+    def answered(self, result: DecodeResult) -> None:
+        """An engine's answer was relayed to the client (the last one counts)."""
+        self.answer = result
+
+    @property
+    def served(self) -> bool:
+        """Whether the client got a whole answer: one the engine ended itself. A stream that
+        broke off, an error, or a client that left is not a served turn."""
+        return self.failure is None and self.answer is not None and self.answer.finished
+
     def summary(self) -> dict[str, Any]:
         """The fields of the per-turn log line."""
+        answer = self.answer
         return {
+            "finish_reason": answer.finish_reason if answer is not None else None,
+            "completion_tokens": len(answer.output_ids) if answer is not None else None,
+            "error": self.failure,
             "kind": self.req.kind,
             "stream": self.req.stream,
             "reuse": str(self.outcome),

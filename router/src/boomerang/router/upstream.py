@@ -32,6 +32,7 @@ FailureKind = Literal["connect", "timeout", "status", "protocol", "client"]
 __all__ = [
     "EngineClient",
     "EngineStream",
+    "FailureKind",
     "Limits",
     "UpstreamError",
     "get_bytes",

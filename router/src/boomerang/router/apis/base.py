@@ -41,6 +41,9 @@ class DecodeResult:
     """D's answer as the client will echo it in the next turn's history (its shape is the
     API's: a chat message, Responses output items, Messages content blocks)."""
     finished: bool = False
+    """D ended the answer itself (a finish reason other than `error`)."""
+    finish_reason: str | None = None
+    """Why D ended it, as the API says (`stop`, `length`, `end_turn`, `completed`, ...)."""
     response: web.StreamResponse | None = None
     """The response the client got (set by `decode.py`)."""
 

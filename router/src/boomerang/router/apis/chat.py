@@ -72,7 +72,9 @@ class OpenAICompletions:
             message = choices[0].get("message")
             if isinstance(message, dict):
                 result.reply = message
-            result.finished = choices[0].get("finish_reason") is not None
+            reason = choices[0].get("finish_reason")
+            result.finish_reason = str(reason) if reason is not None else None
+            result.finished = reason is not None and reason != "error"
         return result
 
     def client_payload(self, payload: dict[str, Any], *, keep_token_ids: bool) -> dict[str, Any]:

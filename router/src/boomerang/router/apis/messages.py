@@ -219,7 +219,8 @@ def result_from_response(payload: dict[str, Any]) -> DecodeResult:
     result = DecodeResult()
     collect_top_level(payload, result)
     result.reply = payload.get("content")
-    result.finished = payload.get("stop_reason") is not None
+    result.finish_reason = payload.get("stop_reason")
+    result.finished = result.finish_reason is not None
     return result
 
 
@@ -243,7 +244,9 @@ class MessagesEvents(EventStream):
         elif kind == "message_delta":
             collect_top_level(event, self.result)
             delta = event.get("delta")
-            self.result.finished = isinstance(delta, dict) and delta.get("stop_reason") is not None
+            reason = delta.get("stop_reason") if isinstance(delta, dict) else None
+            self.result.finish_reason = reason
+            self.result.finished = reason is not None
             return strip_added(event)
         return False
 

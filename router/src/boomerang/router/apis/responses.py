@@ -232,7 +232,8 @@ def result_from_response(payload: dict[str, Any]) -> DecodeResult:
     result = DecodeResult()
     collect_top_level(payload, result)
     result.reply = payload.get("output")
-    result.finished = payload.get("status") in _ANSWERED
+    result.finish_reason = payload.get("status")
+    result.finished = result.finish_reason in _ANSWERED
     return result
 
 
@@ -255,7 +256,8 @@ class ResponsesEvents(EventStream):
         if (name or event.get("type")) in FINAL_EVENTS:
             collect_top_level(response, self.result)
             self.result.reply = response.get("output")
-            self.result.finished = response.get("status") in _ANSWERED
+            self.result.finish_reason = response.get("status")
+            self.result.finished = self.result.finish_reason in _ANSWERED
         return strip_added(response)
 
     def terminal(self, name: str) -> bool:
