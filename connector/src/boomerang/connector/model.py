@@ -26,9 +26,11 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-BUILD_VERSION = 3
-"""Bump when anything below changes what gets built: it is part of the cache path."""
+BUILD_VERSION = 4
+"""Bump when anything below changes what gets built: it is part of the cache path (4: the
+model never samples its end token, `_never_end`)."""
 SEED = 20261129
 VOCAB_SIZE = 8192
 MAX_POSITIONS = 16384
@@ -203,13 +205,47 @@ def write_weights(out: Path, spec: ModelSpec) -> None:
     config = LlamaConfig(**llama_config(spec))
     torch.manual_seed(SEED)
     with torch.no_grad():
-        model = LlamaForCausalLM(config).to(torch.bfloat16)
+        model = LlamaForCausalLM(config)
+        _never_end(model, SPECIAL_TOKENS.index(EOS))
+        model = model.to(torch.bfloat16)
     model.save_pretrained(str(out), safe_serialization=True)
     # save_pretrained rewrites config.json with library-version fields: write ours back so the
     # files depend only on this module.
     (out / "config.json").write_text(json.dumps(llama_config(spec), indent=2, sort_keys=True))
     gen = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True))
+
+
+END_DIM = 0
+"""The hidden dimension that carries a constant (a bias the architecture lacks)."""
+END_FEATURE = 1.0
+"""Its value in every token's embedding, which no layer writes to: the residual keeps it."""
+END_WEIGHT = -1000.0
+"""The end token's output weight on it: the end token's logit sits hundreds below any
+other's (about -8000 at the tiny model's last norm), so sampling never picks it."""
+
+
+def _never_end(model: Any, eos_id: int) -> None:
+    """Make the model unable to end an answer: answers run to the request's `max_tokens`.
+
+    Why: with random weights every token is about as likely as any other, so the end token
+    comes first once in about 8,000 sampled answers (1.2e-4 measured on the tiny model). vLLM
+    then answers correctly with no text, and vLLM's multi-turn benchmark client counts a
+    stream without text as a failed turn and drops the conversation: the benchmarks lost
+    turns to the model, not to the stack. A real model ends when its answer is done; this one
+    has no answer to finish, so it never ends (as `min_tokens` would, which the client does
+    not send and engines cannot default). Llama has no output bias, so one hidden dimension
+    carries a constant: every embedding holds `END_FEATURE` there, no attention or MLP output
+    writes to it (their output rows are zero), so it reaches the last norm as a positive
+    constant, and the end token's output row weighs it with `END_WEIGHT`."""
+    import torch
+
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, END_DIM] = END_FEATURE
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight[END_DIM, :] = 0.0
+            layer.mlp.down_proj.weight[END_DIM, :] = 0.0
+        model.lm_head.weight[eos_id, END_DIM] = END_WEIGHT
 
 
 @contextlib.contextmanager
