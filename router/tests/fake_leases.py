@@ -15,6 +15,7 @@ simply no longer on the fabric: `yield_lease` does that), `POST .../unclaim` rec
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -111,7 +112,8 @@ class _LeaseApi:
         ids, _ = await self._ids(request)
         mine = self._mine()
         held = [rid for rid in ids if rid in mine]
-        self.spec.claimed.extend(held)
+        self.spec.claimed.extend(held)  # D holds them from here, whether or not it answers
+        await asyncio.sleep(self.spec.claim_answer_s)
         return web.json_response({"held": held, "gone": [r for r in ids if r not in held]})
 
     async def unclaim(self, request: web.Request) -> web.Response:

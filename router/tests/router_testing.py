@@ -140,6 +140,8 @@ class EngineSpec:
     """Its bearer token (None: lease control off, 403)."""
     lease_status: int | None = None
     """Answer every lease call with this HTTP status."""
+    claim_answer_s: float = 0.0
+    """How long D takes to answer a claim it has already made (its next engine step)."""
     lease_calls: list[str] = field(default_factory=list)
     released: list[str] = field(default_factory=list)
     renewed: list[str] = field(default_factory=list)

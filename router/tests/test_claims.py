@@ -129,3 +129,27 @@ async def test_a_claimed_handle_no_prefill_received_is_unclaimed(
         await asyncio.sleep(0.01)
     assert w.decode[0].unclaimed == w.decode[0].claimed and len(w.decode[0].claimed) == 1
     assert w.fabric.violations == []
+
+
+async def test_a_claim_the_turn_stopped_waiting_for_is_unclaimed(
+    world: Any, token_file: str
+) -> None:
+    """D claims a lease before it answers (between two engine steps): a turn that ended while
+    it waited for that answer (its client left) cancels the wait, and the handle it put back
+    is unclaimed all the same, or the lease could never yield to pressure again."""
+    slow = {**YIELDING, "claim_answer_s": 30.0}
+    w = await world(recompute_threshold=0, lease_token_file=token_file, decode_spec=slow)
+    messages = await two_turns(w)
+    turn = asyncio.ensure_future(post(w, chat(messages, conversation_id="c")))
+    for _ in range(200):  # the pull waits for D's answer to the claim
+        if w.decode[0].claimed:
+            break
+        await asyncio.sleep(0.01)
+    turn.cancel()  # the client leaves
+    await asyncio.gather(turn, return_exceptions=True)
+    for _ in range(200):
+        if w.decode[0].unclaimed:
+            break
+        await asyncio.sleep(0.01)
+    assert len(w.decode[0].claimed) == 1 and w.decode[0].unclaimed == w.decode[0].claimed
+    assert w.prefill[0].calls and not attached(w.prefill[0].calls[-1])  # P never got it

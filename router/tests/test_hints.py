@@ -55,6 +55,8 @@ def test_the_longest_ttl_on_system_tools_or_content_counts() -> None:
         ({"type": "ephemeral", "ttl": 300}, "messages[0].content[0].cache_control.ttl"),
         ({"type": "ephemeral", "ttl": "forever"}, "messages[0].content[0].cache_control.ttl"),
         ({"type": "ephemeral", "ttl": "0m"}, "messages[0].content[0].cache_control.ttl"),
+        ({"type": "ephemeral", "ttl": "2h"}, "messages[0].content[0].cache_control.ttl"),
+        ({"type": "ephemeral", "ttl": "300s"}, "messages[0].content[0].cache_control.ttl"),
     ],
 )
 def test_a_cache_control_of_the_wrong_shape_is_a_400_naming_it(mark: Any, param: str) -> None:

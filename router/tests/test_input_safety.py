@@ -7,6 +7,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_degraded import pool
 
 json_values = st.recursive(
     st.none()
@@ -126,3 +127,30 @@ async def test_integers_beyond_64_bits_are_refused_not_rounded(world: Any) -> No
     forwarded = w.decode[0].calls[-1]
     assert forwarded["seed"] == 2**63 - 1 and isinstance(forwarded["seed"], int)
     assert forwarded["user"] == digits
+
+
+async def test_a_client_s_transfer_params_never_reach_an_engine(world: Any) -> None:
+    """vLLM reads `kv_transfer_params` from `vllm_xargs` too when the top-level field is
+    absent (one engine alone): a client's there would reach the engine's connector. They are
+    stripped wherever a client can put them, for every API and leg; other xargs stay."""
+    forged = {"do_remote_prefill": True, "remote_block_ids": [1], "remote_engine_id": "x"}
+    xargs = {"kv_transfer_params": forged, "ec_transfer_params": {}, "mine": 1}
+    bodies = {
+        "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}]},
+        "/v1/completions": {"prompt": "hi"},
+        "/v1/messages": {"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]},
+        "/v1/responses": {"input": "hi"},
+    }
+    for alone in (False, True):  # P then D, and D alone
+        w = await world()
+        if alone:
+            pool(w, "prefill").set_urls([])  # the only P pod restarts: discovery lists none
+        for path, body in bodies.items():
+            extra = {"model": "fake", "vllm_xargs": xargs, "kv_transfer_params": forged}
+            resp = await w.client.post(path, json={**body, **extra})
+            assert resp.status == 200, (path, await resp.text())
+        calls = [c for e in (*w.prefill, *w.decode) for c in e.calls]
+        assert len(calls) >= 4
+        for call in calls:
+            assert call.get("vllm_xargs") == {"mine": 1}, call
+            assert (call.get("kv_transfer_params") or {}).get("remote_engine_id") != "x"

@@ -364,6 +364,17 @@ async def test_a_renewal_never_shortens_and_defaults_to_the_ceiling() -> None:
     assert w.leases.renewals[-1][2] == 60.0  # the decoder TTL
 
 
+async def test_a_renewal_is_capped_like_any_client_hint() -> None:
+    """`tuning.retention_max_client_s` bounds what a client may ask, renewals included."""
+    w = World(retention_max_client_s=20)
+    w.leases.held = {"r1"}
+    await w.file(b"k", handle("r1", expires=NOW + 5))
+    await w.retention.renew(b"k", "t", 3600.0)
+    assert w.leases.renewals[-1][2] == 20.0
+    await w.retention.renew(b"k", "t", None)
+    assert w.leases.renewals[-1][2] == 20.0
+
+
 async def test_a_renewal_d_does_not_know_drops_the_handle() -> None:
     w = World()
     await w.file(b"k", handle("r1"))

@@ -174,6 +174,14 @@ async def test_messages_cache_control_of_the_wrong_shape_is_anthropic_s_400(worl
     status, answer = await call(w, "/v1/messages", body)
     assert status == 400
     assert answer["type"] == "error" and answer["error"]["type"] == "invalid_request_error"
+    two_hours = {**bad, "cache_control": {"type": "ephemeral", "ttl": "2h"}}  # not Anthropic's
+    body["messages"] = [{"role": "user", "content": [two_hours]}]
+    status, answer = await call(w, "/v1/messages", body)
+    assert status == 400 and answer["error"]["type"] == "invalid_request_error"
+    assert (
+        "cache_control.ttl" in answer["error"]["message"]
+        and sum(len(e.calls) for e in w.decode) == 0
+    )
     one_hour = {**bad, "cache_control": {"type": "ephemeral", "ttl": "1h"}}
     body["messages"] = [{"role": "user", "content": [one_hour]}]
     status, _ = await call(w, "/v1/messages", body)

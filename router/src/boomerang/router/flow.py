@@ -354,13 +354,16 @@ class Router(Serving):
 
     async def _finish(self, turn: Turn, claim: Task[Claim] | None) -> None:
         """Put back a handle no P received, count the turn's outcome and log it."""
+        maybe_held = False
         if claim is not None and turn.claim is None:
             if claim.done() and not claim.cancelled():
                 await self._claimed(turn, claim)  # the store gets what D said of the lease
             else:
-                claim.cancel()  # not needed: at worst D keeps the lease claimed (safe)
+                claim.cancel()  # not needed; but D may have claimed it already
+                maybe_held = True
         handle = turn.restore()
-        if handle is not None and turn.claim == "held" and self.claims is not None:
+        held = turn.claim == "held" or maybe_held
+        if handle is not None and held and self.claims is not None:
             self.claims.unclaim(handle)  # not offered to P after all: it may yield again
         if handle is not None and turn.lookup_key is not None:
             now = time.time()

@@ -13,10 +13,12 @@ bounds every lease, and a lease with a hint yields to D's memory budget like any
 - Chat and Responses: `prompt_cache_retention`, `"in-memory"` (OpenAI's docs: typically kept 5
   to 10 minutes, at most an hour; read as 10 minutes; the SDKs also spell it `"in_memory"`) or
   `"24h"`.
-- Any other duration in the same notation (`"90s"`, `"30m"`, `"2h"`) is read as what it says
-  and capped like the others: a client asking for too much gets less, never an error. Only a
-  hint of the wrong shape (not a string, not a duration, a `cache_control` that is not an
-  object of type `ephemeral`) is refused with the API's own 400 naming the field.
+- Anthropic's `ttl` takes only `"5m"` and `"1h"`: any other value gets the 400 Anthropic's own
+  API gives, naming the field. OpenAI's field also takes any duration in the same notation
+  (`"90s"`, `"30m"`, `"2h"`), read as what it says and capped like the others: a client asking
+  for too much gets less, never an error. Only a hint of the wrong shape (not a string, not a
+  duration, a `cache_control` that is not an object of type `ephemeral`) is refused with the
+  API's own 400 naming the field.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from boomerang.router.errors import bad_request
 
 ANTHROPIC_DEFAULT_S: Final = 300.0
 """Anthropic's `cache_control` without `ttl`: five minutes."""
+ANTHROPIC_TTL_S: Final = {"5m": 300.0, "1h": 3600.0}
+"""The only `cache_control.ttl` values Anthropic's API takes."""
 OPENAI_RETENTION_S: Final = {"in-memory": 600.0, "in_memory": 600.0, "24h": 86_400.0}
 _DURATION: Final = re.compile(r"^([1-9][0-9]{0,6})([smh])$")
 _UNIT_S: Final = {"s": 1.0, "m": 60.0, "h": 3600.0}
@@ -102,7 +106,9 @@ def messages_hint(data: dict[str, Any]) -> float | None:
                 where,
             )
         ttl = mark.get("ttl")
-        seconds = ANTHROPIC_DEFAULT_S if ttl is None else duration_s(ttl, f"{where}.ttl")
+        if ttl is not None and ttl not in ANTHROPIC_TTL_S:
+            raise bad_request(f'`{where}.ttl` must be "5m" or "1h", got {ttl!r}', f"{where}.ttl")
+        seconds = ANTHROPIC_DEFAULT_S if ttl is None else ANTHROPIC_TTL_S[ttl]
         longest = seconds if longest is None else max(longest, seconds)
     return longest
 

@@ -333,7 +333,11 @@ class Retention:
         if rid is None:  # none, or released: D has nothing to renew
             await self._put_back(key, handle, now)
             return None
-        asked = self._config.decoder_blocks_ttl_s if seconds is None else seconds
+        # A renewal is a client's hint like any other: capped by the operator's bound on
+        # what clients may ask (`tuning.retention_max_client_s`, default the decoder TTL).
+        ttl = self._config.decoder_blocks_ttl_s
+        cap = self._config.tuning.retention_max_client_s or ttl
+        asked = min(cap, ttl if seconds is None else seconds)
         try:
             answer = await self._client.renew(handle.decode_url, [rid], asked)
         except LeaseFailure:

@@ -94,9 +94,21 @@ def _check_int_range(value: Any, where: str) -> None:
             _check_int_range(item, f"{where}[{i}]")
 
 
+def client_body(data: dict[str, Any]) -> dict[str, Any]:
+    """The body an engine may get of a client's: without the router's fields and the
+    engine-internal ones, wherever a client can put them. vLLM also reads `kv_transfer_params`
+    from `vllm_xargs` (its sampling params' extra args) when the top-level field is absent, as
+    on one engine alone: a client's params there would reach the engine's connector."""
+    body = {k: v for k, v in data.items() if k not in ROUTER_FIELDS and k not in INTERNAL_FIELDS}
+    xargs = body.get("vllm_xargs")
+    if isinstance(xargs, dict) and any(k in xargs for k in INTERNAL_FIELDS):
+        body["vllm_xargs"] = {k: v for k, v in xargs.items() if k not in INTERNAL_FIELDS}
+    return body
+
+
 def validate(kind: Kind, data: dict[str, Any], header_conversation_id: str | None) -> ClientRequest:
     """Check the fields the router reads; return the cleaned request. Raises ApiError(400)."""
-    body = {k: v for k, v in data.items() if k not in ROUTER_FIELDS and k not in INTERNAL_FIELDS}
+    body = client_body(data)
     model = optional(data, "model", str)
     if kind == "chat":
         _check_messages(data.get("messages"))

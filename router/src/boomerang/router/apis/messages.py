@@ -43,9 +43,9 @@ from boomerang.router.errors import ApiError, bad_request
 from boomerang.router.protocol import FRESH_PREFILL_PARAMS
 from boomerang.router.validation import (
     INTERNAL_FIELDS,
-    ROUTER_FIELDS,
     ClientRequest,
     Kind,
+    client_body,
     conversation_id,
     optional,
 )
@@ -81,7 +81,7 @@ def validate(data: dict[str, Any], header_conversation_id: str | None) -> Client
     if system is not None and not isinstance(system, str | list):
         raise bad_request("`system` must be a string or an array of text blocks", "system")
     _check_tools(data.get("tools"))
-    body = {k: v for k, v in data.items() if k not in ROUTER_FIELDS and k not in INTERNAL_FIELDS}
+    body = client_body(data)
     stream = optional(data, "stream", bool) or False
     conv_id = conversation_id(data.get("conversation_id"), header_conversation_id)
     model = optional(data, "model", str)

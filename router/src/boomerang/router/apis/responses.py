@@ -42,9 +42,9 @@ from boomerang.router.errors import ApiError, bad_request
 from boomerang.router.protocol import FRESH_PREFILL_PARAMS
 from boomerang.router.validation import (
     INTERNAL_FIELDS,
-    ROUTER_FIELDS,
     ClientRequest,
     Kind,
+    client_body,
     conversation_id,
     optional,
 )
@@ -88,7 +88,7 @@ def validate(data: dict[str, Any], header_conversation_id: str | None) -> Client
     max_out = optional(data, "max_output_tokens", int)
     if max_out is not None and max_out < 1:
         raise bad_request("`max_output_tokens` must be a positive integer", "max_output_tokens")
-    body = {k: v for k, v in data.items() if k not in ROUTER_FIELDS and k not in INTERNAL_FIELDS}
+    body = client_body(data)
     body["store"] = False
     stream = optional(data, "stream", bool) or False
     conv_id = conversation_id(data.get("conversation_id"), header_conversation_id)
