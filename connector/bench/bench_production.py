@@ -354,7 +354,9 @@ def main() -> None:
         if args.exclude:
             serials, _, why = args.exclude.partition(":")
             report.exclude(res, {int(n) for n in serials.split(",") if n}, why)
-        if args.merge or args.exclude:
+        before = res["pooled"]
+        report.repool(res)
+        if args.merge or args.exclude or res["pooled"] != before:
             result_file.write_text(json.dumps(res, separators=(",", ":")))
     else:
         # Made before the first run, not found missing after the last: a sitting that cannot

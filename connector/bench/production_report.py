@@ -132,7 +132,16 @@ def pooled(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     for key, path in extra.items():
         values = [v for r in runs if (v := _at(r, path)) is not None]
         out[key] = median(values) if values else None
+    lost = [int(v) for r in runs if (v := _at(r, ("summary", "lost"))) is not None]
+    out["lost_total"], out["lost_max"] = sum(lost), max(lost, default=0)
     return out
+
+
+def lost_total(pooled_mode: Mapping[str, Any]) -> int | None:
+    """A mode's lost turns over all its runs: a total, never a median (one run that lost a
+    conversation is a loss, however many did not); None for results pooled before totals."""
+    total = pooled_mode.get("lost_total")
+    return int(total) if total is not None else None
 
 
 def exclude(res: dict[str, Any], serials: set[int], why: str) -> None:
@@ -143,7 +152,13 @@ def exclude(res: dict[str, Any], serials: set[int], why: str) -> None:
         if run["serial"] in serials:
             res.setdefault("excluded_runs", []).append({**run, "excluded_because": why})
     res["runs"] = kept
-    again = pooled_by_regime(kept)
+    repool(res)
+
+
+def repool(res: dict[str, Any]) -> None:
+    """Pool the results' runs again, in the order their regimes were published (results
+    pooled by an older version gain what it did not keep, such as lost-turn totals)."""
+    again = pooled_by_regime(res["runs"])
     res["pooled"] = {regime: again.get(regime, {}) for regime in res["pooled"]}
 
 
@@ -181,6 +196,9 @@ def ratios(
     baseline's is 0: then `mode`'s value itself says it, as for lost turns)."""
     out: dict[str, dict[str, Any]] = {}
     for figure in FIGURES:
+        if figure == "lost turns" and (lost := _lost_ratio(modes, mode, baselines)):
+            out[figure] = lost
+            continue
         mine = (modes.get(mode) or {}).get("figures", {}).get(figure)
         base, value = strongest(modes, baselines, figure)
         if mine is None or base is None:
@@ -188,6 +206,21 @@ def ratios(
         ratio = mine["median"] / value if value else None
         out[figure] = {"baseline": base, "base": value, "mine": mine["median"], "ratio": ratio}
     return out
+
+
+def _lost_ratio(
+    modes: Mapping[str, Mapping[str, Any]], mode: str, baselines: Sequence[str]
+) -> dict[str, Any] | None:
+    """Lost turns as totals: `mode`'s over its runs, its worst run, and the fewest any
+    baseline lost over its own runs (None: results pooled before totals were kept)."""
+    own = modes.get(mode)
+    mine = lost_total(own) if own is not None else None
+    totals = [(t, b) for b in baselines if b in modes and (t := lost_total(modes[b])) is not None]
+    if own is None or mine is None or not totals:
+        return None
+    base, name = min(totals)
+    return {"baseline": name, "base": base, "mine": mine, "ratio": None,
+            "max": own.get("lost_max", 0), "runs": own.get("runs", 0)}  # fmt: skip
 
 
 def met(figure: str, entry: Mapping[str, Any]) -> bool | None:
@@ -223,6 +256,8 @@ def table(regime: str, modes: Mapping[str, Mapping[str, Any]]) -> str:
     rows = []
     for mode, m in modes.items():
         cells = [_fig(c, m["figures"].get(c)) for c in cols]
+        if "lost turns" in cols and (total := lost_total(m)) is not None:
+            cells[cols.index("lost turns")] = f"{total} total (worst run {m['lost_max']})"
         tokens = " / ".join(_n(m.get(f"p_{s}")) for s in ("computed", "cached", "pulled"))
         d_tokens = " / ".join(_n(m.get(f"d_{s}")) for s in ("computed", "cached"))
         cpu = f"{_n(m.get('cpu_prefill'))} / {_n(m.get('cpu_decode'))}"
@@ -257,7 +292,12 @@ def _cell(figure: str, entry: Mapping[str, Any] | None, named: bool) -> str:
     target; lost turns as counts."""
     if entry is None:
         return "-"
-    if figure == "lost turns":
+    if figure == "lost turns" and "runs" in entry:
+        text = (
+            f"{entry['mine']:.0f} in {entry['runs']} runs (worst run {entry['max']:.0f}; "
+            f"fewest of a baseline {entry['base']:.0f})"
+        )
+    elif figure == "lost turns":
         text = f"{entry['mine']:.0f} (best baseline {entry['base']:.0f})"
     elif entry["ratio"]:
         text = f"{entry['ratio']:.2f}x" + (f" vs {entry['baseline']}" if named else "")
@@ -386,14 +426,16 @@ def readme_block(res: Mapping[str, Any]) -> str:
         f"decode-first (llm-d's, Dynamo's and SGLang's policy; thresholds {thresholds}). "
         f"Boomerang runs its default configuration. Each cell: the default mode's median "
         f"over {res['rounds']} round(s) divided by the strongest baseline's for that figure "
-        "(lower is better; bold: a target missed):",
+        "(lower is better; bold: a target missed); lost turns: its total over every run:",
         width=96,
     )
     table_ = headline(res["pooled"], res["default_mode"], res["baselines"])
     if quiet := same_engine_headline(res):
         table_ += "\n\nThe same, against those policies on Boomerang's engines without its "
-        table_ += "reuse (`@quiet`; the router's own share: stock engines on CPU lose half a "
-        table_ += f"core each to NIXL's progress thread, which a GPU node does not):\n\n{quiet}"
+        table_ += "reuse (`@quiet`; the router's own share: on CPU a stock engine loses about "
+        table_ += "half its core to NIXL's busy-polling progress thread; on a GPU node that "
+        table_ += "thread spins a host core per worker but leaves the GPU's prefill as fast):"
+        table_ += f"\n\n{quiet}"
     after = (
         f"{CAUSES_HINT} `make bench-production` reproduces it; the method, every mode's "
         "figures with their spread, and the earlier sittings: `docs/benchmarks.md`."

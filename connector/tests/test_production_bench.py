@@ -150,7 +150,22 @@ def test_each_figure_is_compared_with_its_strongest_baseline() -> None:
     assert report.met("follow-up TTFT p50", r["follow-up TTFT p50"]) is True
     assert report.met("lost turns", r["lost turns"]) is False  # one lost turn fails
     line = report.headline({"spare": modes}, "mine", ["a", "b"])
-    assert "**1.50x vs a**" in line and "0.50x vs b" in line and "**1 (best baseline 0)**" in line
+    assert "**1.50x vs a**" in line and "0.50x vs b" in line
+    assert "**1 in 1 runs (worst run 1; fewest of a baseline 0)**" in line
+
+
+def test_lost_turns_are_a_total_over_the_runs_never_a_median() -> None:
+    """One run in five losing a conversation is a loss: the median (0) would hide it."""
+    mine = report.pooled([run(0.1, 60), run(0.1, 60, lost=4), *[run(0.1, 60)] * 3])
+    assert mine["figures"]["lost turns"]["median"] == 0
+    assert (mine["lost_total"], mine["lost_max"]) == (4, 4)
+    modes = {"a": report.pooled([run(0.2, 60, lost=1), run(0.2, 60)]), "mine": mine}
+    r = report.ratios(modes, "mine", ["a"])["lost turns"]
+    assert (r["mine"], r["base"], r["runs"]) == (4, 1, 5) and report.met("lost turns", r) is False
+    assert "4 in 5 runs (worst run 4; fewest of a baseline 1)" in report.headline(
+        {"spare": modes}, "mine", ["a"]
+    )
+    assert "| 4 total (worst run 4) |" in report.table("spare", modes)
 
 
 def test_the_same_engine_headline_compares_with_the_quiet_baselines_only() -> None:
