@@ -216,3 +216,31 @@ def test_a_cache_control_of_the_wrong_shape_is_anthropic_s_400(dataplane, router
             messages=[{"role": "user", "content": [block]}],  # type: ignore[list-item]
         )
     assert "cache_control.ttl" in str(refused.value)
+
+
+def test_sub_agents_under_their_parent_s_session_keep_their_own_kv(dataplane, router):
+    """Claude Code's Task agents carry the parent's `x-claude-code-session-id`: two sub-agents
+    under one session, their turns interleaved through the official SDK, each find their own
+    handle on every follow-up (a verified hit or partial), never the sibling's."""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=router, api_key="test", max_retries=0)
+    session = {"x-claude-code-session-id": f"parent-{uuid.uuid4().hex}"}
+    system = "You are a sub-agent of a coding agent. " * 20
+    agents: list[list[Any]] = [
+        [{"role": "user", "content": f"{task} " * 30}]
+        for task in ("Find where the parser fails.", "Write a regression test for it.")
+    ]
+    for turn in range(3):
+        for msgs in agents:
+            before = reuse(router)
+            answer = client.messages.create(
+                model=dataplane.model, system=system, messages=msgs, max_tokens=MAX_TOKENS,
+                extra_headers=session, extra_body=GREEDY,
+            )  # fmt: skip
+            check_turn(turn, moved(before, reuse(router)))
+            content = [block.model_dump(exclude_none=True) for block in answer.content]
+            msgs += [
+                {"role": "assistant", "content": content},
+                {"role": "user", "content": f"Tool result {turn}: ok. " * 8},
+            ]

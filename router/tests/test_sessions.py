@@ -10,7 +10,7 @@ from multidict import CIMultiDict
 
 from boomerang.router import conversation as conv
 from boomerang.router.errors import ApiError
-from boomerang.router.sessions import DEFAULT_SESSION_HEADERS, Session, identify
+from boomerang.router.sessions import DEFAULT_SESSION_HEADERS, Session, conversation_root, identify
 from boomerang.router.turn import Turn
 from boomerang.router.validation import validate
 
@@ -79,16 +79,44 @@ def turn_of(session: Session | None, conversation_id: str | None = None) -> Turn
 def test_a_session_is_looked_up_by_name_first_and_by_fingerprint_second() -> None:
     turn = turn_of(Session("s1", "header:session_id"))
     keys = turn.find_keys(fingerprint=True)
-    assert keys[0] == conv.id_key("tenant", "s1")
+    root = conversation_root("chat", turn.req.body)
+    assert keys[0] == conv.session_key("tenant", "s1", root)
     assert len(keys) == 2 and keys[1] != keys[0]
     assert turn.find_keys(fingerprint=False) == [keys[0]]
 
 
-def test_a_session_names_the_conversation_as_a_conversation_id_does() -> None:
+def test_a_session_files_where_its_next_turn_looks() -> None:
     by_session = turn_of(Session("same", "header:x-session-id"))
+    assert by_session.file_key(True, {"content": "r"}) == by_session.find_keys(True)[0]
     by_id = turn_of(None, conversation_id="same")
-    assert by_session.file_key(True, {"content": "r"}) == by_id.file_key(True, {"content": "r"})
     assert by_id.find_keys(True) == [conv.id_key("tenant", "same")]  # an id alone, as before
+    assert by_id.file_key(True, {"content": "r"}) == conv.id_key("tenant", "same")
+    assert by_id.session_wide_key() is None
+    assert by_session.session_wide_key() == conv.session_key("tenant", "same", None)
+
+
+def test_conversations_under_one_session_name_keep_their_own_keys() -> None:
+    """Sub-agents under their parent's session id, or a gateway's one id per user: each
+    conversation is its session's name plus its root (instructions and first user turn), which
+    every later turn resends unchanged."""
+    first = {"role": "system", "content": "you are a sub-agent"}
+    task_a, task_b = {"role": "user", "content": "task A"}, {"role": "user", "content": "task B"}
+    later = [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "go on"}]
+    a1 = conversation_root("chat", {"messages": [first, task_a]})
+    assert a1 == conversation_root("chat", {"messages": [first, task_a, *later]})
+    assert a1 != conversation_root("chat", {"messages": [first, task_b, *later]})
+    m = {"system": "s", "messages": [task_a]}
+    assert conversation_root("messages", m) == conversation_root(
+        "messages", {**m, "messages": [task_a, *later]}
+    )
+    assert conversation_root("messages", m) != conversation_root("messages", {**m, "system": "t"})
+    r = {"instructions": "i", "input": [task_a]}
+    assert conversation_root("responses", r) == conversation_root(
+        "responses", {**r, "input": [task_a, *later]}
+    )
+    assert conversation_root("completion", {"prompt": [1, 2, 3]}) != conversation_root(
+        "completion", {"prompt": [1, 2, 4]}
+    )
 
 
 def test_sessions_are_scoped_to_the_tenant() -> None:

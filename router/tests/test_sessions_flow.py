@@ -10,6 +10,7 @@ from router_testing import chat, post, stream
 
 from boomerang.router import conversation as conv
 from boomerang.router.app import ROUTER
+from boomerang.router.sessions import conversation_root
 
 SESSION = {"x-claude-code-session-id": "agent-1"}
 
@@ -38,6 +39,25 @@ async def test_a_session_header_finds_the_handle_when_no_fingerprint_can(world: 
     assert w.fabric.violations == []
 
 
+async def test_sibling_conversations_under_one_session_keep_their_own_kv(world: Any) -> None:
+    """Sub-agents that carry their parent's session id, interleaved turn by turn: each finds
+    its own handle (before, each turn took and released its sibling's and filed over it)."""
+    w = await world()
+    histories = [
+        [{"role": "system", "content": "a sub-agent"}, {"role": "user", "content": task}]
+        for task in ("search the code for the bug", "write the tests for it")
+    ]
+    for step in range(3):
+        for history in histories:
+            status, answer = await post(w, chat(history), **SESSION)
+            assert status == 200, answer
+            history += [reworded(answer["choices"][0]["message"])]
+            history += [{"role": "user", "content": f"tool result {step}"}]
+    assert await w.reuse("miss") == 2  # each one's first turn only
+    assert await w.reuse("hit") + await w.reuse("partial") == 4
+    assert await w.reuse("rejected") == 0 and w.fabric.violations == []
+
+
 async def test_without_the_header_the_same_loop_misses_every_turn(world: Any) -> None:
     w = await world()
     await agent_loop(w, 3, {})
@@ -55,7 +75,8 @@ async def test_a_session_falls_back_to_the_fingerprint_its_last_turn_was_filed_u
     history += [second["choices"][0]["message"], {"role": "user", "content": "more"}]
     await post(w, chat(history), **SESSION)  # found by the session
     assert await w.reuse("hit") == 2
-    key = conv.id_key("anonymous", "agent-1")
+    root = conversation_root("chat", {"messages": history})
+    key = conv.session_key("anonymous", "agent-1", root)
     assert w.client.server.app[ROUTER].affinity is not None
     assert (await w.client.server.app[ROUTER].store.take(key, 0.0))[0] == "found"
 

@@ -122,6 +122,15 @@ def id_key(tenant: str, conversation_id: str) -> bytes:
     return _key("id", tenant, conversation_id)
 
 
+def session_key(tenant: str, session: str, root: str | None) -> bytes:
+    """Store key of one conversation under an agent's session: the session's name and the
+    conversation's root (`sessions.conversation_root`), so that conversations sharing a name
+    (sub-agents under their parent's session id, a gateway's one id per user, a shared
+    `prompt_cache_key`) keep their own handles; None: the session alone (where its
+    conversations' placement is remembered, an affinity hint for a new one)."""
+    return _key("session", tenant, session) if root is None else _key("id", tenant, session, root)
+
+
 def fingerprint_key(tenant: str, model: str | None, messages: Sequence[Any]) -> bytes:
     """Store key of a conversation identified by its content up to here."""
     canon = json.dumps([_canonical(m) for m in messages], separators=(",", ":"), sort_keys=True)

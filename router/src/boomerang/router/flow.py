@@ -113,8 +113,10 @@ class Router(Serving):
         turn.lookup_key = keys[0] if keys else None
         if cfg.affinity:
             now = time.time()
+            wide = turn.session_wide_key()
+            places = [*keys, wide] if wide is not None else keys
             turn.placement = next(
-                (p for key in keys if (p := self.affinity.get(key, now)) is not None), None
+                (p for key in places if (p := self.affinity.get(key, now)) is not None), None
             )
         if not keys or not cfg.bidirectional:
             return

@@ -303,7 +303,10 @@ class Serving:
         else:
             ids = turn.prompt_ids or result.prompt_ids
             prefill, tokens = turn.p_ep.url, len(ids) if ids else int(self.work(turn))
-        self.affinity.put(key, Placement(prefill, d_ep.url, tokens, time.time()))
+        placement = Placement(prefill, d_ep.url, tokens, time.time())
+        self.affinity.put(key, placement)
+        if (wide := turn.session_wide_key()) is not None:
+            self.affinity.put(wide, placement)
 
     def release(self, handle: conv.Handle | None, reason: str) -> None:
         """Tell retention a handle will never be offered again (it may free D's blocks; the

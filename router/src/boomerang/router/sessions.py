@@ -5,8 +5,10 @@ Why it exists: coding agents already say which session a request belongs to (Cla
 vLLM's benchmark clients `X-Session-ID`), and OpenAI clients may send `prompt_cache_key`. A
 fingerprint of the history stops matching as soon as a client rewrites anything it echoes (a
 trimmed assistant message, a reformatted tool call); a session name does not. So a session
-names the conversation like a `conversation_id` does, in the caller's tenant (the same store
-key: `DELETE /boomerang/v1/conversations/{session}` ends it too).
+names the conversation, in the caller's tenant, together with the conversation's root
+(`conversation_root`): many conversations may share one session name (sub-agents under their
+parent's id, a gateway's id per user, a shared `prompt_cache_key`), and each keeps its own
+handle and placement.
 
 Precedence, first present wins: the body's `conversation_id`, the `X-Conversation-Id` header,
 the session headers in their configured order, the body's `prompt_cache_key`. A client id
@@ -23,14 +25,17 @@ most 256 characters, like `conversation_id`.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+import orjson
+
 from boomerang.router.config import DEFAULT_SESSION_HEADERS
 from boomerang.router.errors import bad_request
 
-__all__ = ["DEFAULT_SESSION_HEADERS", "MAX_NAME", "Session", "identify"]
+__all__ = ["DEFAULT_SESSION_HEADERS", "MAX_NAME", "Session", "conversation_root", "identify"]
 
 MAX_NAME: Final = 256
 
@@ -79,3 +84,38 @@ def identify(
     if conversation_id is not None:
         return None
     return from_headers(headers, names) or body
+
+
+ROOT_PROMPT_ITEMS: Final = 1024
+"""How much of a completion prompt (characters or token ids) names its conversation's root."""
+
+
+def conversation_root(kind: str, body: Mapping[str, Any]) -> str:
+    """What starts the conversation, as a digest: its instructions and first user turn (chat:
+    the messages up to the first user message; Messages: `system` and the first message;
+    Responses: `instructions` and the first input item; a completion: the prompt's head).
+    Every turn of a conversation resends them unchanged, and conversations that share a
+    session name (sub-agents, a gateway's id per user) differ there: their tasks. Two that
+    start alike share a key, as before: verification still keeps each one's KV exact."""
+    head: Any
+    if kind == "chat":
+        messages = list(body.get("messages") or ())
+        first_user = next(
+            (i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"),
+            len(messages) - 1,
+        )
+        head = messages[: first_user + 1]
+    elif kind == "messages":
+        head = [body.get("system"), (body.get("messages") or [None])[0]]
+    elif kind == "responses":
+        items = body.get("input")
+        first = items[0] if isinstance(items, list) and items else items
+        head = [body.get("instructions"), first]
+    else:
+        prompt = body.get("prompt")
+        head = prompt[:ROOT_PROMPT_ITEMS] if isinstance(prompt, str | list) else prompt
+    try:
+        raw = orjson.dumps(head, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # not JSON (it passed validation, but never fail a turn for a key)
+        raw = repr(head).encode("utf-8", "surrogatepass")
+    return hashlib.blake2b(raw, digest_size=16).hexdigest()

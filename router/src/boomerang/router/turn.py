@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Final, Literal
 
-from boomerang.router import apis, logs
+from boomerang.router import apis, logs, sessions
 from boomerang.router import conversation as conv
 from boomerang.router.affinity import Placement
 from boomerang.router.apis import DecodeResult
@@ -320,7 +320,7 @@ class Turn:
         req = self.req
         if req.conversation_id is not None:
             return [conv.id_key(self.tenant, req.conversation_id)]
-        keys = [conv.id_key(self.tenant, req.session.name)] if req.session is not None else []
+        keys = [self._session_key()] if req.session is not None else []
         if fingerprint:
             found = apis.of(req.kind).lookup_key(self.tenant, req.model, req.body)
             keys += [found] if found is not None else []
@@ -330,12 +330,27 @@ class Turn:
         """Where the next turn will look first: the `conversation_id` or the session, else the
         messages plus D's `reply` as the client will send it back."""
         req = self.req
-        name = req.conversation_id or (req.session.name if req.session is not None else None)
-        if name is not None:
-            return conv.id_key(self.tenant, name)
+        if req.conversation_id is not None:
+            return conv.id_key(self.tenant, req.conversation_id)
+        if req.session is not None:
+            return self._session_key()
         if not fingerprint or not reply:
             return None
         return apis.of(req.kind).file_key(self.tenant, req.model, req.body, reply)
+
+    def _session_key(self) -> bytes:
+        """The session's conversation this turn belongs to (`conv.session_key`)."""
+        assert self.req.session is not None
+        root = sessions.conversation_root(self.req.kind, self.req.body)
+        return conv.session_key(self.tenant, self.req.session.name, root)
+
+    def session_wide_key(self) -> bytes | None:
+        """Where the session's conversations' placement is also remembered: a conversation
+        new to a named session starts where its siblings ran (their shared prefix is cached
+        there), as an affinity hint; never a handle. None without a session."""
+        if self.req.conversation_id is not None or self.req.session is None:
+            return None
+        return conv.session_key(self.tenant, self.req.session.name, None)
 
     def answered(self, result: DecodeResult) -> None:
         """An engine's answer was relayed to the client (the last one counts)."""
