@@ -360,7 +360,7 @@ def error_chunk(code: int = 500) -> bytes:
         ([error_chunk(), sse.DONE_EVENT], "status"),
         ([sse.event(chunk(None, [1])), error_chunk(400), sse.DONE_EVENT], "client"),
         ([sse.event(chunk(None, [1])), sse.event(chunk("", None, "error"))], "status"),
-        ([sse.event(chunk(None, [1])), sse.event(chunk("", None, "stop")), sse.DONE_EVENT],
+        ([sse.event(chunk(None, [1])), sse.event(chunk("", [], "stop")), sse.DONE_EVENT],
          "protocol"),
         ([sse.event(chunk(None, [1])), sse.DONE_EVENT], "protocol"),
         ([sse.event(chunk(None, [1]))], "protocol"),
@@ -392,3 +392,16 @@ async def test_an_in_band_error_after_the_first_token_ends_the_stream_not_finish
     got, result = await relay([raw[: after_first_token(raw)], error_chunk(), sse.DONE_EVENT])
     assert isinstance(got, bytes) and result is not None and not result.finished
     assert client_events(got)[-1]["error"]["code"] == 500
+
+
+async def test_a_reasoning_only_or_id_less_answer_is_a_whole_answer() -> None:
+    """Reasoning text is generated output; and without token ids in D's chunks (one engine
+    alone gets a plain request) a finish other than `error` means a token was generated."""
+    thinking = chunk("", None)
+    thinking["choices"][0]["delta"] = {"reasoning_content": "hmm"}
+    pieces = [sse.event(chunk(None, None)), sse.event(thinking), sse.DONE_EVENT]
+    got, result = await relay(pieces)
+    assert isinstance(got, bytes) and result is not None
+    pieces = [sse.event(chunk(None, None)), sse.event(chunk("", None, "length")), sse.DONE_EVENT]
+    got, result = await relay(pieces)
+    assert isinstance(got, bytes) and result is not None and result.finished

@@ -169,6 +169,10 @@ class StreamRelay:
         """Set once the response's headers went out: callbacks write from then on."""
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
+        self._ids_tracked = False
+        """D's chunks carry their token ids (the router asked for them)."""
+        self._reasoned = False
+        """A chunk carried reasoning text (generated, though not the answer's content)."""
         self.reported: tuple[Kind, usage.Cached] = ("chat", "own")
         """The API, and the cached tokens its usage reports (`usage.rewrite`)."""
 
@@ -322,8 +326,12 @@ class StreamRelay:
         return None
 
     def _generated(self) -> bool:
-        """Whether D's events so far carried a generated token, text or tool call."""
-        return bool(self.result.output_ids or any(self._parts) or self._calls)
+        """Whether D's events so far carried a generated token, text, reasoning or tool call;
+        or D finished (not with an error) and its chunks carry no token ids to count: a
+        finish reason other than `error` means it generated at least one token."""
+        if self.result.output_ids or any(self._parts) or self._calls or self._reasoned:
+            return True
+        return self.result.finished and not self._ids_tracked
 
     END = sse.DONE_EVENT
     """What ends the client's stream after D's last event (OpenAI's chunks: [DONE])."""
@@ -401,6 +409,7 @@ class StreamRelay:
     def _collect_choice(self, choice: dict[str, Any]) -> None:
         ids = choice.get("token_ids")
         if isinstance(ids, list):
+            self._ids_tracked = True
             self.result.output_ids.extend(ids)
         if (reason := choice.get("finish_reason")) is not None:
             self.result.finish_reason = str(reason)
@@ -411,6 +420,9 @@ class StreamRelay:
             self._parts.append(text)
         if not isinstance(delta, dict):
             return
+        self._reasoned = self._reasoned or any(
+            isinstance(delta.get(k), str) and delta[k] for k in ("reasoning_content", "reasoning")
+        )
         if isinstance(delta.get("content"), str):
             self._parts.append(delta["content"])
         for call in delta.get("tool_calls") or ():
