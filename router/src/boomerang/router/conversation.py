@@ -128,7 +128,7 @@ def session_key(tenant: str, session: str, root: str | None) -> bytes:
     (sub-agents under their parent's session id, a gateway's one id per user, a shared
     `prompt_cache_key`) keep their own handles; None: the session alone (where its
     conversations' placement is remembered, an affinity hint for a new one)."""
-    return _key("session", tenant, session) if root is None else _key("id", tenant, session, root)
+    return _key("session", tenant, session) if root is None else _key("root", tenant, session, root)
 
 
 def fingerprint_key(tenant: str, model: str | None, messages: Sequence[Any]) -> bytes:

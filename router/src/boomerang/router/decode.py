@@ -459,8 +459,6 @@ class NamedStreamRelay(StreamRelay):
 
     END = b""
 
-    FAILED: Final = frozenset({"error", "response.failed"})
-    """Events that end a named stream with a failure."""
     ENDS: Final = frozenset({"message_delta", "response.completed", "response.incomplete"})
     """Events that close the answer, with its usage (a count of generated tokens)."""
 
@@ -479,8 +477,8 @@ class NamedStreamRelay(StreamRelay):
         kind = name or event.get("type")
         if kind == "error":
             return in_band_error(event.get("error"))
-        if kind in self.FAILED:
-            return UpstreamError("status", f"the engine's stream ended with {kind}")
+        if kind == "response.failed":
+            return UpstreamError("status", "the engine's stream ended with response.failed")
         return None
 
     def _generated(self) -> bool:

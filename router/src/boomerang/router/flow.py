@@ -33,6 +33,7 @@ from boomerang.router import apis, decode_first, degraded
 from boomerang.router import conversation as conv
 from boomerang.router.claims import may_offer
 from boomerang.router.costmodel import Path
+from boomerang.router.decode import ClientGone
 from boomerang.router.endpoints import Endpoint, pairable
 from boomerang.router.errors import ApiError
 from boomerang.router.legs import Alone, DecodeFirst, LegFailed, PrefillDecode, leg_for
@@ -78,7 +79,10 @@ class Router(Serving):
         except ApiError as exc:
             turn.failure = f"{exc.status}: {exc.message}"
             raise
-        except BaseException as exc:  # the client left (cancelled), or a bug
+        except (ClientGone, asyncio.CancelledError):
+            turn.failure = CANCELLED
+            raise
+        except BaseException as exc:  # a bug
             turn.failure = type(exc).__name__
             raise
         finally:
@@ -396,11 +400,12 @@ class Router(Serving):
             m.reused_tokens.labels(turn.outcome).inc(turn.reused_tokens)
         if turn.outcome is Outcome.PARTIAL and turn.prompt_ids:
             m.reused_fraction.observe(turn.reused_tokens / len(turn.prompt_ids))
-        if outcome == "served" and log.isEnabledFor(logging.INFO):
-            log.info("Served turn", extra=turn.summary())
-        elif outcome == "cancelled":
+        if outcome == "served":
+            if log.isEnabledFor(logging.INFO):
+                log.info("Served turn", extra=turn.summary())
+        elif outcome == CANCELLED:
             log.info("Cancelled turn", extra=turn.summary())
-        elif outcome != "served":
+        else:
             log.warning("Failed turn", extra={**turn.summary(), "outcome": outcome})
 
 
@@ -409,11 +414,12 @@ def turn_outcome(turn: Turn) -> str:
     (a stream that ended with an in-band error after the first byte), `failed` (an error)."""
     if turn.served:
         return "served"
-    if turn.failure in CANCELLED:
-        return "cancelled"
+    if turn.failure == CANCELLED:
+        return CANCELLED
     if turn.failure is None and turn.first_sent:
         return "broken"
     return "failed"
 
 
-CANCELLED = frozenset({"CancelledError", "ClientGone"})
+CANCELLED = "cancelled"
+"""A turn's failure and outcome when its client left (the request was cancelled)."""

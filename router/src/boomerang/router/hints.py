@@ -30,10 +30,10 @@ from typing import Any, Final
 
 from boomerang.router.errors import bad_request
 
-ANTHROPIC_DEFAULT_S: Final = 300.0
-"""Anthropic's `cache_control` without `ttl`: five minutes."""
 ANTHROPIC_TTL_S: Final = {"5m": 300.0, "1h": 3600.0}
 """The only `cache_control.ttl` values Anthropic's API takes."""
+ANTHROPIC_DEFAULT_S: Final = ANTHROPIC_TTL_S["5m"]
+"""Anthropic's `cache_control` without `ttl`: five minutes."""
 OPENAI_RETENTION_S: Final = {"in-memory": 600.0, "in_memory": 600.0, "24h": 86_400.0}
 _DURATION: Final = re.compile(r"^([1-9][0-9]{0,6})([smh])$")
 _UNIT_S: Final = {"s": 1.0, "m": 60.0, "h": 3600.0}
@@ -126,5 +126,10 @@ def cap(asked: float | None, max_client_s: float | None, decoder_ttl_s: float) -
     """The hint as the lease may take it: at most `max_client_s` (None: the decoder TTL)."""
     if asked is None:
         return None
-    ceiling = decoder_ttl_s if max_client_s is None else max_client_s
-    return Retention(asked, min(asked, ceiling))
+    return Retention(asked, min(asked, ceiling_s(max_client_s, decoder_ttl_s)))
+
+
+def ceiling_s(max_client_s: float | None, decoder_ttl_s: float) -> float:
+    """The longest retention a client may ask for (a hint, or a renewal): the operator's
+    `tuning.retention_max_client_s`, else the decoder TTL."""
+    return decoder_ttl_s if max_client_s is None else max_client_s

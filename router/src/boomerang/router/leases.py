@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 from boomerang.connector import router_state as state
 from boomerang.connector.config import default_handle_ttl
-from boomerang.router import params_codec
+from boomerang.router import hints, params_codec
 from boomerang.router.config import RouterConfig
 from boomerang.router.conversation import Handle
 from boomerang.router.lease_client import LeaseClient, LeaseFailure, Renewal
@@ -333,11 +333,10 @@ class Retention:
         if rid is None:  # none, or released: D has nothing to renew
             await self._put_back(key, handle, now)
             return None
-        # A renewal is a client's hint like any other: capped by the operator's bound on
-        # what clients may ask (`tuning.retention_max_client_s`, default the decoder TTL).
+        # A renewal is a client's hint like any other, capped as one.
         ttl = self._config.decoder_blocks_ttl_s
-        cap = self._config.tuning.retention_max_client_s or ttl
-        asked = min(cap, ttl if seconds is None else seconds)
+        ceiling = hints.ceiling_s(self._config.tuning.retention_max_client_s, ttl)
+        asked = min(ceiling, ttl if seconds is None else seconds)
         try:
             answer = await self._client.renew(handle.decode_url, [rid], asked)
         except LeaseFailure:

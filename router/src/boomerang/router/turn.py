@@ -36,6 +36,7 @@ turn ends otherwise it is restored (still valid). A continued turn keeps its ver
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -320,7 +321,7 @@ class Turn:
         req = self.req
         if req.conversation_id is not None:
             return [conv.id_key(self.tenant, req.conversation_id)]
-        keys = [self._session_key()] if req.session is not None else []
+        keys = [self.session_key] if req.session is not None else []
         if fingerprint:
             found = apis.of(req.kind).lookup_key(self.tenant, req.model, req.body)
             keys += [found] if found is not None else []
@@ -333,13 +334,15 @@ class Turn:
         if req.conversation_id is not None:
             return conv.id_key(self.tenant, req.conversation_id)
         if req.session is not None:
-            return self._session_key()
+            return self.session_key
         if not fingerprint or not reply:
             return None
         return apis.of(req.kind).file_key(self.tenant, req.model, req.body, reply)
 
-    def _session_key(self) -> bytes:
-        """The session's conversation this turn belongs to (`conv.session_key`)."""
+    @functools.cached_property
+    def session_key(self) -> bytes:
+        """The session's conversation this turn belongs to (`conv.session_key`; its root is
+        hashed once a turn, for the lookup and the filing alike)."""
         assert self.req.session is not None
         root = sessions.conversation_root(self.req.kind, self.req.body)
         return conv.session_key(self.tenant, self.req.session.name, root)
@@ -367,7 +370,7 @@ class Turn:
         answer = self.answer
         return {
             "finish_reason": answer.finish_reason if answer is not None else None,
-            "completion_tokens": len(answer.output_ids) if answer is not None else None,
+            "completion_tokens": (len(answer.output_ids) or None) if answer is not None else None,
             "error": self.failure,
             "kind": self.req.kind,
             "stream": self.req.stream,
