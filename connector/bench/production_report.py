@@ -426,7 +426,7 @@ def readme_block(res: Mapping[str, Any]) -> str:
         f"decode-first (llm-d's, Dynamo's and SGLang's policy; thresholds {thresholds}). "
         f"Boomerang runs its default configuration. Each cell: the default mode's median "
         f"over {res['rounds']} round(s) divided by the strongest baseline's for that figure "
-        "(lower is better; bold: a target missed); lost turns: its total over every run:",
+        "(lower is better; bold: a target missed; lost turns: a total):",
         width=96,
     )
     table_ = headline(res["pooled"], res["default_mode"], res["baselines"])
