@@ -71,11 +71,22 @@ def alive(pid: int) -> bool:
     return True
 
 
-def tail(path: Path, lines: int = 30) -> str:
+def tail(path: Path, lines: int = 30, cause_lines: int = 40) -> str:
+    """The log's last `lines`, after its first traceback when that starts above them.
+
+    A vLLM engine that fails to start logs the engine core's own exception first and the API
+    server's wrapper ("Engine core initialization failed. See root cause above") last: the
+    tail alone hides the cause."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        text = path.read_text(errors="replace").splitlines()
     except OSError:
         return "(no log)"
+    last = text[-lines:]
+    first = next((i for i, line in enumerate(text) if "Traceback (most recent call" in line), None)
+    if first is None or first >= len(text) - lines:
+        return "\n".join(last)
+    cause = text[first : min(first + cause_lines, len(text) - lines)]
+    return "\n".join([*cause, "[...]", *last])
 
 
 def wait_healthy(spec: ProcessSpec, pid: int, timeout: float) -> float:
