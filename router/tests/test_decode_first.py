@@ -39,6 +39,39 @@ def test_the_rule(
     assert choose(prompt, cached, inflight, threshold, slack=4) == expected
 
 
+@pytest.mark.parametrize(
+    ("prompt", "cached", "ratio", "p_busy", "alone"),
+    [
+        # Dynamo's IslBounding: 600 uncached of 1,000 is under 2,048 and under 0.7: alone.
+        (1000, 400, 0.7, False, True),
+        # 800 of 1,000 is under 2,048 but 0.8 of the prompt: through P.
+        (1000, 200, 0.7, False, False),
+        # A short prompt nothing caches: under 2,048 tokens, the whole prompt: through P.
+        (300, 0, 0.7, False, False),
+        # Exactly the share is not under it.
+        (1000, 300, 0.7, False, False),
+        # IslOrLoad: P busy, the decoder takes even a prompt it does not cache.
+        (5000, 0, 0.7, True, True),
+        # P busy, no ratio: llm-d's threshold plus the load gate.
+        (5000, 0, None, True, True),
+    ],
+)
+def test_dynamo_variants(prompt: int, cached: int, ratio: Any, p_busy: bool, alone: bool) -> None:
+    choice = choose(prompt, {A: cached}, {A: 0}, 2048, slack=4, ratio=ratio, p_busy=p_busy)
+    assert choice == DecodeChoice(A, alone, prompt - cached)
+
+
+def test_the_variants_need_decode_first() -> None:
+    urls = {"prefill": {"urls": ["http://p"]}, "decode": {"urls": ["http://d"]}}
+    for variant in ({"decode_first_ratio": 0.7}, {"decode_first_p_busy_tokens": 2048}):
+        with pytest.raises(ValueError, match="set decode_first_tokens too"):
+            RouterConfig.model_validate({**urls, "bidirectional": False, **variant})
+    with pytest.raises(ValueError, match="decode_first_ratio"):
+        RouterConfig.model_validate(
+            {**urls, "bidirectional": False, "decode_first_tokens": 2048, "decode_first_ratio": 1.5}
+        )
+
+
 def test_no_decoder_is_an_error() -> None:
     with pytest.raises(ValueError, match="at least one decoder"):
         choose(10, {}, {}, 16, slack=4)
@@ -83,3 +116,25 @@ async def test_an_uncached_first_turn_is_plain_p_d(world: Any) -> None:
     assert status == 200, body
     assert [len(e.calls) for e in w.prefill] == [1]
     assert [len(e.calls) for e in w.decode] == [1]
+
+
+async def test_a_busy_prefill_engine_sends_an_uncached_turn_to_the_decoder(world: Any) -> None:
+    """Dynamo's IslOrLoad: while P has a prompt's worth queued, D serves the turn alone."""
+    from boomerang.router.app import ROUTER
+
+    w = await world(
+        bidirectional=False, affinity=True, decode_first_tokens=64, decode_first_p_busy_tokens=500
+    )
+    p_ep = next(iter(w.client.server.app[ROUTER].prefill.endpoints.values()))
+    d_caches(w, [7])  # the index knows the block size (no block cached)
+    messages = [{"role": "user", "content": "hello " * 100}]
+    p_ep.work = 499.0  # under the line: through P
+    status, body = await post(w, chat(messages))
+    assert status == 200, body
+    assert [len(e.calls) for e in w.prefill] == [1]
+    p_ep.work = 500.0  # at the line: P is busy, the decoder computes the prompt itself
+    status, body = await post(w, chat(messages))
+    assert status == 200, body
+    assert [len(e.calls) for e in w.prefill] == [1]
+    assert [len(e.calls) for e in w.decode] == [2]
+    assert "kv_transfer_params" not in w.decode[0].calls[1]

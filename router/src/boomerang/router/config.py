@@ -350,6 +350,21 @@ class RouterConfig(_Model):
         "many prompt tokens are not in its cache; otherwise P prefills and it decodes. Needs "
         "bidirectional false and the KV events; unset: off.",
     )
+    decode_first_ratio: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="With decode_first_tokens: the decoder serves the turn alone only when what "
+        "it lacks is also under this share of the prompt (Dynamo's IslBounding uses 2048 "
+        "tokens and 0.7). Unset: the token threshold alone (llm-d's rule).",
+    )
+    decode_first_p_busy_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="With decode_first_tokens: the decoder also serves the turn alone whenever "
+        "the prefill engine the turn would use has at least this many prompt tokens queued "
+        "(Dynamo's IslOrLoad: skip P while it is busy). Unset: P's load is not looked at.",
+    )
     affinity_ttl_s: float = Field(
         default=900.0,
         gt=0,
@@ -396,6 +411,12 @@ class RouterConfig(_Model):
 
     @model_validator(mode="after")
     def _decode_first_without_handles(self) -> RouterConfig:
+        variants = self.decode_first_ratio, self.decode_first_p_busy_tokens
+        if self.decode_first_tokens is None and any(v is not None for v in variants):
+            raise ValueError(
+                "decode_first_ratio and decode_first_p_busy_tokens refine decode-first "
+                "routing: set decode_first_tokens too"
+            )
         if self.decode_first_tokens is not None and self.bidirectional:
             raise ValueError(
                 "decode_first_tokens is a policy without D's handles: set bidirectional false "

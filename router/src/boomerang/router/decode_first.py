@@ -12,7 +12,12 @@ compares its own modes against it, and a deployment may choose it.
 The rule: among the decoders within `slack` in-flight requests of the least loaded one, the one
 that caches the longest prefix of the prompt (KV events, `kvindex.py`); the turn runs on it
 alone when fewer than `threshold` of the prompt's tokens are not cached there, otherwise P
-prefills and that decoder decodes.
+prefills and that decoder decodes. Dynamo's variants add two conditions, both optional:
+- `ratio` (its `IslBounding`, 2,048 tokens and 0.7 by default there): the uncached tokens must
+  also be under this share of the prompt, so a short prompt the decoder barely caches still
+  goes through P;
+- `p_busy` (its `IslOrLoad`): the decoder serves the turn alone whenever P is busy, whatever
+  it lacks, so that a follow-up does not queue behind first turns on P.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ def choose(
     inflight: Mapping[str, int],
     threshold: int,
     slack: int,
+    ratio: float | None = None,
+    p_busy: bool = False,
 ) -> DecodeChoice:
     """The decoder for a turn and whether it serves alone; `inflight` names the candidates in
     the order ties are broken, `cached` what each holds of the prompt (missing: nothing)."""
@@ -45,4 +52,5 @@ def choose(
     near = [url for url, n in inflight.items() if n <= least + slack]
     url = max(near, key=lambda u: (min(cached.get(u, 0), prompt_tokens), -inflight[u]))
     uncached = prompt_tokens - min(cached.get(url, 0), prompt_tokens)
-    return DecodeChoice(url, uncached < threshold, uncached)
+    short = uncached < threshold and (ratio is None or uncached < ratio * max(prompt_tokens, 1))
+    return DecodeChoice(url, short or p_busy, uncached)

@@ -261,7 +261,8 @@ class Router(Serving):
             assert cfg.decode_first_tokens is not None
             choice = decode_first.choose(
                 len(turn.prompt_ids), cached, inflight, cfg.decode_first_tokens,
-                cfg.decode_affinity_slack,
+                cfg.decode_affinity_slack, ratio=cfg.decode_first_ratio,
+                p_busy=self._prefill_busy(turn, cfg.decode_first_p_busy_tokens),
             )  # fmt: skip
             turn.holder = choice.url  # decode prefers it on either path
             d_ep = self.decode.get(choice.url)
@@ -269,6 +270,13 @@ class Router(Serving):
                 return await DecodeFirst(self, d_ep).run(request, turn)
         self._choose_prefill(turn)
         return await PrefillDecode(self).run(request, turn)
+
+    def _prefill_busy(self, turn: Turn, tokens: int | None) -> bool:
+        """Whether the P the turn would use has `tokens` or more queued (None: not asked)."""
+        if tokens is None:
+            return False
+        self._choose_prefill(turn)
+        return turn.p_ep is not None and turn.p_ep.work >= tokens
 
     # -- 4. plan, 5. run ----------------------------------------------------------------------
 
