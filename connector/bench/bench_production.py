@@ -46,6 +46,7 @@ from typing import Any
 import engine_watch
 import machine
 import multiturn_client
+import production_equal
 import production_merge
 import production_report as report
 import stock
@@ -63,9 +64,11 @@ from production_engines import (
     token_sources,
 )
 from production_modes import (
+    AA,
     BASELINES,
     DEFAULT_MODE,
     MODES,
+    PEERS,
     QUIET_BASELINES,
     REGIMES,
     Regime,
@@ -199,6 +202,8 @@ def one_run(
             multiturn_client.answered((work / "client.log").read_text(errors="replace")),
         ),
         "stall_bound_s": timing["stall_bound_s"],
+        "slo_basis": timing["slo_basis"],
+        "p_tokens_per_s_at_1024": timing["p_tokens_per_s_at_1024"],
         "tokens": {r: moved(before[r], after[r]) for r in ("p", "d")},
         "cpu_s": by_role,
         "cpu_s_by_engine": cpu,
@@ -228,10 +233,16 @@ def timing_for(s: Sitting, es: Engines, regime: Regime) -> dict[str, Any]:
         "decode_first_byte_s": 10 * stall,
         "decode_total_s": 10 * stall + 900,
     }
-    s.log(f"  P: {cost.rate(1024):.0f} tokens/s at 1024; stall bound {stall:.1f} s")
+    tpot = calibrate.measure_tpot(es.decode[0], es.dd.spec.model.served_name)
+    s.log(
+        f"  P: {cost.rate(1024):.0f} tokens/s at 1024; D idle TPOT {tpot * 1000:.1f} ms; "
+        f"stall bound {stall:.1f} s"
+    )
     return {
         "stall_bound_s": stall, "timeouts": timeouts, "client_timeout_s": 20 * stall + 900,
         "p_tokens_per_s_at_1024": cost.rate(1024),
+        "slo_basis": {"p_linear_s": cost.linear_s, "p_quadratic_s": cost.quadratic_s,
+                      "d_tpot_s": tpot},
     }  # fmt: skip
 
 
@@ -247,6 +258,7 @@ def regime_runs(s: Sitting, regime: str) -> None:
             )
             timing = timing_for(s, es, spec)
             s.engine_sets[-1]["p_tokens_per_s_at_1024"] = timing["p_tokens_per_s_at_1024"]
+            s.engine_sets[-1]["slo_basis"] = timing["slo_basis"]
             warm_up = next(m for m in names if MODES[m].router is not None)
             one_run(s, es, regime, warm_up, timing, record=False)
             for name in names:
@@ -280,6 +292,8 @@ def results(s: Sitting) -> dict[str, Any]:
         "default_mode": DEFAULT_MODE,
         "baselines": list(BASELINES),
         "quiet_baselines": list(QUIET_BASELINES),
+        "peers": list(PEERS),
+        "twin": AA,
         "engine_sets": s.engine_sets,
         "pooled": pooled,
         "runs": s.runs,
@@ -297,6 +311,8 @@ def print_tables(res: dict[str, Any]) -> None:
     if quiet := report.same_engine_headline(res):
         print(f"{res['default_mode']} against the same policies on Boomerang's engines:\n")
         print(quiet + "\n")
+    for block in report.equal_blocks(res):
+        print(block + "\n")
 
 
 def parse_args() -> argparse.Namespace:
@@ -309,6 +325,11 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--idle-probe-s", type=float, default=3.0, help="idle CPU probe per run")
     ap.add_argument("--quick", action="store_true", help="spare, 8 conversations, 1 round")
+    ap.add_argument(
+        "--equal", action="store_true",
+        help="equal engines only: the peers' policies on Boomerang's engines with "
+        "bidirectional off, the default mode and its A/A twin (production_modes.PEERS, AA)",
+    )  # fmt: skip
     ap.add_argument("--out", type=Path, default=REPO / "connector" / "bench")
     ap.add_argument("--replot", action="store_true", help="tables and chart from OUT only")
     ap.add_argument(
@@ -332,6 +353,8 @@ def parse_args() -> argparse.Namespace:
     if args.sweep:
         args.regimes += [r for r, spec in REGIMES.items() if spec.sweep and r != "2p2d"]
     args.modes = [m for m in args.modes.split(",") if m]
+    if args.equal:
+        args.modes = [*PEERS, DEFAULT_MODE, AA]
     if args.merge and not args.replot:
         ap.error("--merge adds to published results: use it with --replot")
     unknown = [r for r in args.regimes if r not in REGIMES]
@@ -377,6 +400,7 @@ def main() -> None:
             result_file.write_text(json.dumps(res, separators=(",", ":")))
     print_tables(res)
     report.chart(res["pooled"], args.out / "production.png")
+    production_equal.chart(res["pooled"], args.out / "production_slo.png")
     if args.publish:
         publish(res)
 

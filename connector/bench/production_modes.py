@@ -45,13 +45,38 @@ class Mode:
 
 STOCK_ROUTER = {"bidirectional": False}
 DECODE_FIRST_THRESHOLDS = (16, 128, 512)
+"""The stock sittings' thresholds (their published rows)."""
+PEER_THRESHOLDS = (512, 2048, 8192)
+"""Decode-first on equal engines, at thresholds that fire on tool-result-sized turns: with
+128-token blocks the unfilled last block alone can reach 128, and a 500-3,000-token tool
+result is above 512, so the stock sittings' thresholds were affinity under another name there."""
+DYNAMO_ISL_TOKENS, DYNAMO_ISL_RATIO = 2048, 0.7
+"""Dynamo's conditional disaggregation defaults (`IslBounding`): skip P when the decoder lacks
+fewer than 2,048 tokens and under 0.7 of the prompt."""
+P_BUSY_TOKENS = 2048
+"""Dynamo's `IslOrLoad` here: P is busy while a tool result's worth of prompt is queued on it."""
 QUIET = "@quiet"
 """The suffix of a baseline policy run on Boomerang's engines with bidirectional off."""
+_DYNAMO = {**STOCK_ROUTER, "decode_first_tokens": DYNAMO_ISL_TOKENS,
+           "decode_first_ratio": DYNAMO_ISL_RATIO}  # fmt: skip
 _POLICIES: dict[str, dict[str, Any]] = {
     "affinity": {**STOCK_ROUTER, "affinity": True},
     **{f"decode-first-{n}": {**STOCK_ROUTER, "decode_first_tokens": n} for n in (128, 512)},
+    **{f"decode-first-{n}": {**STOCK_ROUTER, "decode_first_tokens": n} for n in PEER_THRESHOLDS},
+    "dynamo": _DYNAMO,
+    "dynamo-load": {**_DYNAMO, "decode_first_p_busy_tokens": P_BUSY_TOKENS},
 }
-"""The peers' policies that were ever the strongest baseline of a figure (2026-12-04)."""
+"""The peers' policies on equal engines: affinity, llm-d's decode-first at every threshold
+run, Dynamo's rule and its load variant."""
+PEERS = tuple(
+    f"{name}{QUIET}"
+    for name in ("affinity", *(f"decode-first-{n}" for n in PEER_THRESHOLDS), "dynamo",
+                 "dynamo-load")
+)  # fmt: skip
+"""The equal-engine sitting's baselines (`--equal`): the policies peers ship, at settings that
+fire."""
+AA = "adaptive-aa"
+"""The default mode run again as a mode of its own: its ratio to `adaptive` is the noise band."""
 MODES: dict[str, Mode] = {
     "vllm-proxy": Mode("stock", None),
     "plain": Mode("stock", {**STOCK_ROUTER, "affinity": False, "kv_events": {"enabled": False}}),
@@ -63,6 +88,7 @@ MODES: dict[str, Mode] = {
     **{f"{name}{QUIET}": Mode("quiet", router) for name, router in _POLICIES.items()},
     "static": Mode("boomerang", {"tuning": {"mode": "static"}}),
     "adaptive": Mode("boomerang", {"tuning": {"mode": "adaptive"}}),
+    AA: Mode("boomerang", {"tuning": {"mode": "adaptive"}}),
 }
 """Adaptive is named explicitly: the manifest the benchmark starts from (`local-cpu.yaml`)
 pins Static, so an empty override ran Static. Nothing else is set: the API's defaults."""
@@ -155,15 +181,19 @@ def abba(modes: list[str], rounds: int) -> list[list[str]]:
 def order(modes: list[str], rounds: int) -> list[list[str]]:
     """Engine sets one after the other, never side by side (they would share cores): stock,
     quiet, Boomerang, stock (stock around the rest, so drift of the host's speed falls on
-    both; quiet next to Boomerang, whose comparison is the finer one), modes ABBA within."""
+    both; quiet next to Boomerang, whose comparison is the finer one), modes ABBA within.
+    Without stock engines the quiet rounds bracket Boomerang's instead: quiet, Boomerang,
+    quiet (the equal-engine sitting, `--equal`)."""
     stock = abba([m for m in modes if MODES[m].engines == "stock"], rounds)
     quiet = abba([m for m in modes if MODES[m].engines == "quiet"], rounds)
     ours = abba([m for m in modes if MODES[m].engines == "boomerang"], rounds)
     half = (rounds + 1) // 2
+    q_half = len(quiet) if any(stock) else half
     sets = [
         [m for r in stock[:half] for m in r],
-        [m for r in quiet for m in r],
+        [m for r in quiet[:q_half] for m in r],
         [m for r in ours for m in r],
+        [m for r in quiet[q_half:] for m in r],
         [m for r in stock[half:] for m in r],
     ]
     return [s for s in sets if s]

@@ -24,6 +24,8 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+import production_slo as slo
+
 PERCENTILES = (50, 90, 99)
 FIGURES: dict[str, tuple[str, ...]] = {
     "first-turn TTFT p50": ("first_ttft_s", "p50"),
@@ -134,7 +136,22 @@ def pooled(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         out[key] = median(values) if values else None
     lost = [int(v) for r in runs if (v := _at(r, ("summary", "lost"))) is not None]
     out["lost_total"], out["lost_max"] = sum(lost), max(lost, default=0)
+    good = [g for r in runs if (g := slo.goodput(r)) is not None]
+    out["goodput"] = _range(good)
+    reach = [a for r in runs if (a := slo.attainment(r, slo.GOODPUT_SCALE)) is not None]
+    out["attainment"] = _range(reach)
+    out["attainment_curve"] = slo.curve(runs)
+    alone = [a for r in runs if (a := slo.d_alone(r)) is not None]
+    out["d_alone_total"] = sum(alone) if alone else None
+    answered = [_at(r, ("summary", "answered")) or 0.0 for r in runs if slo.d_alone(r) is not None]
+    out["d_alone_share"] = sum(alone) / sum(answered) if alone and sum(answered) else None
+    rates = [v for r in runs if (v := _at(r, ("p_tokens_per_s_at_1024",))) is not None]
+    out["p_tokens_per_s"] = _range(rates)
     return out
+
+
+def _range(values: Sequence[float]) -> dict[str, float] | None:
+    return {"min": min(values), "median": median(values), "max": max(values)} if values else None
 
 
 def lost_total(pooled_mode: Mapping[str, Any]) -> int | None:
@@ -380,9 +397,29 @@ def sitting_block(res: Mapping[str, Any]) -> str:
             alone,
             "",
         ]
+    lines += [block + "\n" for block in equal_blocks(res)]
     for regime, modes in res["pooled"].items():
         lines += [table(regime, modes), ""]
     return "\n".join(lines)
+
+
+def equal_blocks(res: Mapping[str, Any]) -> list[str]:
+    """The equal-engine comparison (`production_equal.py`): its headline and each regime's
+    goodput table, where the sitting ran the peers' policies (else nothing)."""
+    import production_equal as equal
+
+    peers, twin, mode = list(res.get("peers") or ()), res.get("twin", ""), res["default_mode"]
+    top = equal.headline(res["pooled"], mode, peers, twin)
+    if top is None:
+        return []
+    intro = (
+        f"`{mode}` against the best of the peers' policies on equal engines (Boomerang's, "
+        "bidirectional off), figure by figure; SLO goodput at scale "
+        f"{slo.GOODPUT_SCALE:g} (higher is better); (tie): inside the A/A noise band; bold: "
+        "issue 48's target missed:"
+    )
+    ran = [(r, modes) for r, modes in res["pooled"].items() if any(p in modes for p in peers)]
+    return [intro, top, *(equal.slo_table(r, modes, twin, mode) for r, modes in ran)]
 
 
 def same_engine_headline(res: Mapping[str, Any]) -> str | None:

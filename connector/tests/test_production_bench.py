@@ -12,9 +12,11 @@ import production_report as report
 import pytest
 import stock
 from production_modes import (
+    AA,
     BASELINES,
     DEFAULT_MODE,
     MODES,
+    PEERS,
     QUIET_BASELINES,
     REGIMES,
     longest_prompt,
@@ -68,6 +70,11 @@ def test_engine_sets_never_interleave_and_modes_alternate() -> None:
     assert sets[0] == ["vllm-proxy", "affinity", "affinity", "vllm-proxy"]
     runs = [m for s in sets for m in s]
     assert all(runs.count(m) == 4 for m in modes)
+    # Equal engines only: the quiet rounds bracket Boomerang's, every mode in every round.
+    equal = order([*PEERS, DEFAULT_MODE, AA], 3)
+    assert [MODES[s[0]].engines for s in equal] == ["quiet", "boomerang", "quiet"]
+    assert [len(s) for s in equal] == [2 * len(PEERS), 3 * 2, len(PEERS)]
+    assert all(sum(s.count(m) for s in equal) == 3 for m in [*PEERS, DEFAULT_MODE, AA])
 
 
 def test_the_default_mode_is_the_api_default_untuned() -> None:
@@ -75,11 +82,30 @@ def test_the_default_mode_is_the_api_default_untuned() -> None:
     assert MODES["adaptive"].router == {"tuning": {"mode": "adaptive"}}  # nothing else tuned
     assert set(BASELINES) >= {"vllm-proxy", "plain", "affinity", "decode-first-128"}
     assert all(MODES[b].engines == "stock" for b in BASELINES)
-    assert set(QUIET_BASELINES) == {"affinity@quiet", "decode-first-128@quiet",
-                                    "decode-first-512@quiet"}  # fmt: skip
+    assert set(QUIET_BASELINES) >= {"affinity@quiet", "decode-first-128@quiet",
+                                    "decode-first-512@quiet", *PEERS}  # fmt: skip
     for name in QUIET_BASELINES:  # the stock policy, unchanged, on the other engines
-        assert MODES[name].router == MODES[name.removesuffix("@quiet")].router
+        if name.removesuffix("@quiet") in MODES:
+            assert MODES[name].router == MODES[name.removesuffix("@quiet")].router
         assert not MODES[name].bidirectional
+    assert MODES[AA] == MODES[DEFAULT_MODE]  # the A/A twin is the default mode itself
+
+
+def test_the_peer_policies_are_valid_router_configs_that_can_fire() -> None:
+    """Each equal-engine baseline is a configuration the router accepts, and the decode-first
+    ones serve a 500-3,000-token tool result on the decoder alone at some threshold."""
+    from boomerang.router.config import RouterConfig
+
+    urls = {"prefill": {"urls": ["http://p"]}, "decode": {"urls": ["http://d"]}}
+    thresholds = []
+    for name in PEERS:
+        cfg = RouterConfig.model_validate({**urls, **(MODES[name].router or {})})
+        assert not cfg.bidirectional
+        thresholds.append(cfg.decode_first_tokens or 0)
+    assert max(thresholds) > REGIMES["tool-results"].workload.follow_up[1]
+    dynamo = RouterConfig.model_validate({**urls, **(MODES["dynamo-load@quiet"].router or {})})
+    assert (dynamo.decode_first_tokens, dynamo.decode_first_ratio) == (2048, 0.7)
+    assert dynamo.decode_first_p_busy_tokens is not None
 
 
 def test_every_workload_fits_the_model_length() -> None:

@@ -84,3 +84,24 @@ def measure(p_url: str, model: str, lengths: tuple[int, ...] = PROBE_TOKENS) -> 
         if n in lengths:
             samples.append((n, time.perf_counter() - start))
     return fit(samples)
+
+
+TPOT_PROBE_TOKENS = 64
+
+
+def measure_tpot(d_url: str, model: str, tokens: int = TPOT_PROBE_TOKENS) -> float:
+    """One idle decoder's time per output token: a short prompt answered with 1 and with
+    `1 + tokens` tokens (fresh random prompts of one length, so both prefill alike), the
+    difference over `tokens`; the fastest of two tries. The benchmark's TPOT SLO is a multiple
+    of it (`production_slo.py`)."""
+    rng = random.Random(time.time_ns())
+
+    def timed(max_tokens: int) -> float:
+        body: dict[str, Any] = {**engine_client.completion_body(model, [], max_tokens)}
+        body["prompt"] = [rng.randrange(16, 8000) for _ in range(32)]
+        start = time.perf_counter()
+        engine_client.post(f"{d_url}/v1/completions", {**body, "stream": False}, timeout=600.0)
+        return time.perf_counter() - start
+
+    timed(1)  # the first request after start-up pays one-time costs: not timed
+    return min((timed(1 + tokens) - timed(1)) / tokens for _ in range(2))
