@@ -113,3 +113,50 @@ async def test_before_retry_sees_the_last_failure_and_only_before_a_retry() -> N
     with pytest.raises(Unavailable):
         await run(only_one, first_of, engines, retries=2, before_retry=before_retry)
     assert seen == []  # no engine to retry on: nothing to prepare
+
+
+def request_caused(metrics: Metrics) -> float:
+    name = "boomerang_router_request_caused_failures_total"
+    return metrics.registry.get_sample_value(name, {"role": "decode"}) or 0.0
+
+
+async def test_a_5xx_from_every_engine_is_the_requests_and_ejects_none() -> None:
+    """One client's request that makes every engine answer 500 (an input vLLM fails on) must
+    not eject an engine: ejection voids every tenant's handles on it."""
+    metrics, p = Metrics(), pool()
+    engines = Engines(dict.fromkeys(URLS, UpstreamError("status", "500", status=500)))
+    for _ in range(3):
+        with pytest.raises(Unavailable):
+            await Failover(metrics).run(p, first_of, engines, retries=5)
+    assert not any(ep.ejected or ep.failures for ep in p.endpoints.values())
+    assert request_caused(metrics) == 9
+    name = "boomerang_router_upstream_failures_total"
+    assert metrics.registry.get_sample_value(name, {"role": "decode", "kind": "status"}) is None
+
+
+async def test_one_engine_answering_5xx_alone_is_not_ejected_by_requests() -> None:
+    """With no other engine to tell, a 5xx is not held against the engine (its health probe
+    ejects an engine that is down); a refused connection still counts at once."""
+    metrics, p = Metrics(), Pool("decode", eject_after=1)
+    p.set_urls(URLS[:1])
+    with pytest.raises(Unavailable):
+        await Failover(metrics).run(
+            p, first_of, Engines({URLS[0]: UpstreamError("status", "500")}), retries=2
+        )
+    assert not p.endpoints[URLS[0]].ejected
+    with pytest.raises(Unavailable):
+        await Failover(metrics).run(
+            p, first_of, Engines({URLS[0]: UpstreamError("connect", "refused")}), retries=2
+        )
+    assert p.endpoints[URLS[0]].ejected
+
+
+async def test_a_5xx_counts_against_its_engine_once_another_served_the_call() -> None:
+    metrics, p = Metrics(), Pool("decode", eject_after=2)
+    p.set_urls(URLS)
+    engines = Engines(
+        {URLS[0]: UpstreamError("status", "500"), URLS[1]: UpstreamError("status", "500")}
+    )
+    assert await Failover(metrics).run(p, first_of, engines, retries=5) == "ok"
+    assert [p.endpoints[u].failures for u in URLS] == [1, 1, 0]
+    assert request_caused(metrics) == 0

@@ -511,3 +511,18 @@ async def test_a_turn_cancelled_while_p_may_read_its_handle_never_offers_it_agai
     store = w.client.server.app[ROUTER].store
     found, _ = await store.take(conv.id_key(ANONYMOUS, "c"), time.time())
     assert found == "missing"  # spent, not restored
+
+
+async def test_requests_that_every_prefill_engine_fails_eject_none(world: Any) -> None:
+    """A 5xx from both P engines is the request's doing: four such requests in a row (past
+    eject_after) leave both engines in, and the next request is served."""
+    w = await world(n_prefill=2, single_engine_fallback=False)
+    w.prefill[0].fail_status = w.prefill[1].fail_status = 500
+    for i in range(4):
+        status, _ = await post(w, chat([{"role": "user", "content": f"bad {i}"}]))
+        assert status == 502
+    assert await w.metric("boomerang_router_ejections_total", role="prefill") == 0
+    assert await w.metric("boomerang_router_request_caused_failures_total", role="prefill") == 8
+    w.prefill[0].fail_status = w.prefill[1].fail_status = None
+    status, _ = await post(w, chat([{"role": "user", "content": "good"}]))
+    assert status == 200

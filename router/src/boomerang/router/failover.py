@@ -8,6 +8,13 @@ client with the engine's message; when no engine is left the turn gets `Unavaila
 none was tried, 504 after a timeout, else 502), which the flow may answer by serving the turn
 on the other role alone (`degraded.py`). What a failure means for the turn's handle is the
 call's own business (`Turn.spend`, `Turn.unsent`).
+
+An engine's 5xx answer is the engine's fault or the request's (vLLM answers 500 to inputs it
+fails on, and one client's request must not take the engine, and every tenant's handles on it,
+away from everyone): it counts towards ejecting the engine only once another engine of the role
+served the same call. A 5xx from every engine tried is the request's doing and ejects none
+(`request_caused_failures`). Refused connections, timeouts and broken answers count at once: a
+request cannot cause those.
 """
 
 from __future__ import annotations
@@ -90,6 +97,7 @@ class Failover:
         Raises ApiError for an engine's 4xx, `Unavailable` when no engine is left."""
         tried: set[str] = set()
         last: UpstreamError | None = None
+        answered_5xx: list[tuple[Endpoint, UpstreamError]] = []
         for attempt in range(1 + retries):
             ep = first if attempt == 0 and first is not None else self._next(pool, pick, tried)
             if ep is None:
@@ -100,12 +108,22 @@ class Failover:
                     await before_retry(last)
             tried.add(ep.url)
             try:
-                return await call(ep)
+                result = await call(ep)
             except UpstreamError as exc:
                 last = exc
+                if exc.kind == "status":  # the engine's or the request's: known once another
+                    answered_5xx.append((ep, exc))  # engine serves the call, or none does
+                    self._log(pool, ep, exc)
+                    continue
                 self.failed(pool, ep, exc)
                 if not exc.retryable:
                     raise client_error(exc) from None
+            else:
+                for failed_ep, exc in answered_5xx:  # another engine served it: theirs
+                    self.failed(pool, failed_ep, exc, logged=True)
+                return result
+        if answered_5xx:
+            self.metrics.request_caused.labels(pool.role).inc(len(answered_5xx))
         raise unavailable(pool.role, last)
 
     @staticmethod
@@ -115,13 +133,18 @@ class Failover:
         candidates = pool.candidates(tried)
         return pick(candidates) if candidates else None
 
-    def failed(self, pool: Pool, ep: Endpoint, exc: UpstreamError) -> None:
+    def failed(self, pool: Pool, ep: Endpoint, exc: UpstreamError, logged: bool = False) -> None:
         """Count and log a failed call; a retryable one counts towards ejecting the engine."""
         if exc.retryable:
             self.metrics.upstream_failures.labels(pool.role, exc.kind).inc()
             if pool.failed(ep):
                 self.metrics.ejections.labels(pool.role).inc()
                 log.warning("Ejected engine", extra={"role": pool.role, "engine": ep.url})
+        if not logged:
+            self._log(pool, ep, exc)
+
+    @staticmethod
+    def _log(pool: Pool, ep: Endpoint, exc: UpstreamError) -> None:
         log.warning(
             "Engine call failed",
             extra={"role": pool.role, "engine": ep.url, "kind": exc.kind, "error": str(exc)},

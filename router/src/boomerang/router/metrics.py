@@ -138,6 +138,13 @@ class Metrics:
         )
         self.retries = Counter(p + "retries", "Engine calls retried.", ["role"], registry=r)
         self.ejections = Counter(p + "ejections", "Engines ejected.", ["role"], registry=r)
+        self.request_caused = Counter(
+            p + "request_caused_failures",
+            "Engine 5xx answers no engine of the role avoided for the same call: the "
+            "request's doing, not counted towards ejecting any engine.",
+            ["role"],
+            registry=r,
+        )
         self.endpoints = Gauge(
             p + "endpoints", "Known engines by role and state.", ["role", "state"], registry=r
         )
