@@ -32,7 +32,8 @@ _MAKE = "make bench-production "
 
 
 def parse_part(spec: str) -> tuple[str | None, Path]:
-    """`LABEL=PATH` (the part's one regime renamed LABEL) or `PATH` (regimes as they ran).
+    """`LABEL=PATH` (the part's one regime renamed LABEL, or each regime R renamed LABEL with
+    `{regime}` in it replaced by R) or `PATH` (regimes as they ran).
     The label ends at the first `=`: a path may hold one, a label may not."""
     label, sep, path = spec.partition("=")
     if not sep:
@@ -53,9 +54,12 @@ def merge(base: Mapping[str, Any], part: Mapping[str, Any], label: str | None) -
     cannot be told apart: a label for a part of several regimes, or a regime already
     published under that name."""
     regimes = list(part["pooled"])
-    if label is not None and len(regimes) != 1:
-        raise ValueError(f"a label names one regime; this part ran {', '.join(regimes)}")
-    name = {r: label or r for r in regimes}
+    if label is not None and "{regime}" not in label and len(regimes) != 1:
+        raise ValueError(
+            f"a label names one regime ('{{regime}}' in it names each); this part ran "
+            f"{', '.join(regimes)}"
+        )
+    name = {r: label.replace("{regime}", r) if label else r for r in regimes}
     taken = set(base["pooled"]) & set(name.values())
     if taken:
         raise ValueError(f"already published: {', '.join(sorted(taken))} (give a label)")
@@ -75,6 +79,9 @@ def merge(base: Mapping[str, Any], part: Mapping[str, Any], label: str | None) -
         out["engine_sets"].append(engine_set)
     for regime, workload in part["workloads"].items():
         out["workloads"][name[regime]] = workload
+    for key in ("peers", "twin"):  # the equal-engine comparison's modes, where the part ran it
+        if part.get(key) and not out.get(key):
+            out[key] = copy.deepcopy(part[key])
     base_command = _OUT.sub("", str(base["command"]))
     out["command"] = f"{base_command}; then {', '.join(name.values())}: {command(part)}"
     if part.get("date") and part["date"] not in str(base.get("date", "")):

@@ -352,6 +352,10 @@ def test_a_merge_that_would_mix_sittings_is_refused() -> None:
         production_merge.merge(base, two, "one label")
     merged = production_merge.merge(base, two, None)  # unlabelled: regimes as they ran
     assert list(merged["pooled"]) == ["2p1d", "spare", "pressure"]
+    two["peers"], two["twin"] = ["affinity@quiet"], "adaptive-aa"
+    each = production_merge.merge(base, two, "{regime}, equal engines")  # a label for each
+    assert list(each["pooled"]) == ["2p1d", "spare, equal engines", "pressure, equal engines"]
+    assert (each["peers"], each["twin"]) == (["affinity@quiet"], "adaptive-aa")
     assert production_merge.parse_part("a, b=c/d=e") == ("a, b", production_merge.Path("c/d=e"))
     assert production_merge.parse_part("p.json") == (None, production_merge.Path("p.json"))
     with pytest.raises(ValueError, match="no results file"):

@@ -111,3 +111,23 @@ def test_no_peer_ran_no_equal_headline() -> None:
     modes = {"adaptive": mode(0.1, 0.02, 500)}
     assert equal.headline({"spare": modes}, "adaptive", ["affinity@quiet"], "adaptive-aa") is None
     assert report.equal_blocks({"pooled": {"spare": modes}, "default_mode": "adaptive"}) == []
+
+
+def test_the_readme_leads_with_equal_engines_and_says_the_engine_fix_in_a_line() -> None:
+    modes = {
+        "affinity": mode(0.8, 0.04, 9000),  # stock: twice as slow as on Boomerang's engines
+        "affinity@quiet": mode(0.4, 0.02, 500),
+        "adaptive": mode(0.2, 0.02, 500),
+        "adaptive-aa": mode(0.2, 0.02, 500),
+    }
+    res = {
+        "pooled": {"agentic": modes}, "default_mode": "adaptive", "client": "vLLM x",
+        "peers": ["affinity@quiet"], "twin": "adaptive-aa", "rounds": 1,
+    }  # fmt: skip
+    assert report.engine_fix(res, "follow-up TTFT p50") == (0.5, 0.5)
+    block = report.readme_block(res)
+    assert block.index("| agentic |") < block.index("engine fix")
+    assert "0.50x vs affinity@quiet" in block  # the follow-up p50 against the peer
+    assert "0.50-0.50x on follow-up TTFT p50" in block
+    assert "production_slo.png" in block
+    assert report.equal_readme_block({**res, "peers": []}) is None
