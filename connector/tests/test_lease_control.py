@@ -106,6 +106,20 @@ def test_renew_moves_deadlines_later_never_earlier() -> None:
     assert worker._reqs_to_send == {"soon": 160.0, "late": 900.0}
 
 
+def test_renewals_never_keep_blocks_past_one_more_ttl() -> None:
+    """A client renewing again and again: each renewal moves the deadline, but never beyond
+    one ceiling past the deadline vLLM set when the request finished."""
+    worker = FakeNixlWorker({"r": 580.0})  # finished at 100 with a 480 s TTL
+    for now in (500.0, 700.0, 900.0, 1100.0):
+        leases.renew(worker, ["r"], 480.0, now=now, ceiling=480.0)
+    assert worker._reqs_to_send == {"r": 580.0 + 480.0}
+    del worker._reqs_to_send["r"]  # released: its origin is forgotten on the next call
+    worker._reqs_to_send["s"] = 100.0
+    leases.renew(worker, ["s"], 30.0, now=90.0, ceiling=480.0)
+    assert getattr(worker, leases.ORIGINS) == {"s": 100.0}
+    assert worker._reqs_to_send["s"] == 120.0
+
+
 def test_another_vllm_is_reported_not_guessed() -> None:
     assert leases.missing_internals(None) == ["connector_worker"]
     assert "_reqs_to_send" in leases.missing_internals(SimpleNamespace())

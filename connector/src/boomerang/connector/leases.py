@@ -168,19 +168,36 @@ def release(worker: Any, request_ids: Iterable[str]) -> dict[str, Any]:
     return {"released": released, "unknown": unknown}
 
 
+ORIGINS = "_boomerang_lease_origins"
+"""The worker attribute holding each renewed request's deadline before its first renewal."""
+
+
 def renew(
-    worker: Any, request_ids: Iterable[str], seconds: float, now: float | None = None
+    worker: Any,
+    request_ids: Iterable[str],
+    seconds: float,
+    now: float | None = None,
+    ceiling: float = DEFAULT_CEILING_S,
 ) -> dict[str, Any]:
-    """Move the deadlines of `request_ids` to now + seconds (never earlier than they were)."""
+    """Move the deadlines of `request_ids` to now + seconds (never earlier than they were),
+    and never more than `ceiling` past the deadline vLLM gave the blocks: renewals repeated
+    by one client cannot pin D's memory for ever, whatever router asks (at most two TTLs after
+    the request finished, in all)."""
     now = time.perf_counter() if now is None else now
+    sending = worker._reqs_to_send
+    origins: dict[str, float] = getattr(worker, ORIGINS, None) or {}
+    for gone in [r for r in origins if r not in sending]:  # released, read or expired
+        del origins[gone]
+    setattr(worker, ORIGINS, origins)
     renewed: dict[str, float] = {}
     unknown = []
     for req_id in request_ids:
-        old = worker._reqs_to_send.get(req_id)
+        old = sending.get(req_id)
         if old is None:
             unknown.append(req_id)
             continue
-        worker._reqs_to_send[req_id] = renewed[req_id] = max(old, now + seconds)
+        limit = origins.setdefault(req_id, old) + ceiling
+        sending[req_id] = renewed[req_id] = max(old, min(now + seconds, limit))
     return {"renewed": renewed, "unknown": unknown}
 
 
@@ -219,7 +236,9 @@ class LeaseWorker:
         self, request_ids: list[str], seconds: float | None
     ) -> dict[str, Any]:
         return _on_worker(
-            lambda worker, ceiling: renew(worker, request_ids, clamp_seconds(seconds, ceiling))
+            lambda worker, ceiling: renew(
+                worker, request_ids, clamp_seconds(seconds, ceiling), ceiling=ceiling
+            )
         )
 
 
