@@ -116,9 +116,12 @@ def _at(run: Mapping[str, Any], path: Sequence[str]) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
-def pooled(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def pooled(
+    runs: Sequence[Mapping[str, Any]], basis: Mapping[str, float] | None = None
+) -> dict[str, Any]:
     """One mode's runs of a regime: each figure's min, median and max over the runs, and the
-    median of the engines' token counts and CPU seconds."""
+    median of the engines' token counts and CPU seconds; SLO goodput and attainment against
+    `basis` (the regime's, `production_slo.regime_basis`; None: each run's own)."""
     out: dict[str, Any] = {"runs": len(runs), "figures": {}}
     for name, path in FIGURES.items():
         values = [v for r in runs if (v := _at(r, ("summary", *path))) is not None]
@@ -136,11 +139,11 @@ def pooled(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         out[key] = median(values) if values else None
     lost = [int(v) for r in runs if (v := _at(r, ("summary", "lost"))) is not None]
     out["lost_total"], out["lost_max"] = sum(lost), max(lost, default=0)
-    good = [g for r in runs if (g := slo.goodput(r)) is not None]
+    good = [g for r in runs if (g := slo.goodput(r, basis=basis)) is not None]
     out["goodput"] = _range(good)
-    reach = [a for r in runs if (a := slo.attainment(r, slo.GOODPUT_SCALE)) is not None]
+    reach = [a for r in runs if (a := slo.attainment(r, slo.GOODPUT_SCALE, basis)) is not None]
     out["attainment"] = _range(reach)
-    out["attainment_curve"] = slo.curve(runs)
+    out["attainment_curve"] = slo.curve(runs, basis=basis)
     alone = [a for r in runs if (a := slo.d_alone(r)) is not None]
     out["d_alone_total"] = sum(alone) if alone else None
     answered = [_at(r, ("summary", "answered")) or 0.0 for r in runs if slo.d_alone(r) is not None]
@@ -184,10 +187,11 @@ def pooled_by_regime(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, A
     groups: dict[str, dict[str, list[Mapping[str, Any]]]] = {}
     for run in runs:
         groups.setdefault(run["regime"], {}).setdefault(run["mode"], []).append(run)
-    return {
-        regime: {mode: pooled(mode_runs) for mode, mode_runs in modes.items()}
-        for regime, modes in groups.items()
-    }
+    out = {}
+    for regime, modes in groups.items():
+        basis = slo.regime_basis([r for mode_runs in modes.values() for r in mode_runs])
+        out[regime] = {mode: pooled(mode_runs, basis) for mode, mode_runs in modes.items()}
+    return out
 
 
 def strongest(

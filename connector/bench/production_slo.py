@@ -5,9 +5,9 @@ latency objectives, the field's standard figure (DistServe, Splitwise): a turn c
 TTFT and its TPOT are both within bounds, goodput is those turns per second of the run's wall,
 attainment their share of the turns the client should have sent (a lost turn misses both).
 
-The bounds come from what the same engines measure in isolation, per engine set
-(`calibrate.measure` and `calibrate.measure_tpot`, recorded as a run's `slo_basis`), not from
-another machine's milliseconds:
+The bounds come from what the same engines measure in isolation (`calibrate.measure` and
+`calibrate.measure_tpot` on every engine set, recorded as a run's `slo_basis`; a regime's modes
+share the median over its sets, `regime_basis`), not from another machine's milliseconds:
 - TTFT: `scale` times an idle prefill engine's time for the turn's whole prompt (what a turn
   costs with no cache and no queue; a follow-up that reuses its history has that much slack);
 - TPOT: `scale` times an idle decoder's time per output token.
@@ -46,33 +46,51 @@ def meets(record: Mapping[str, Any], basis: Mapping[str, float], scale: float) -
     return ttft_ok and record["tpot_ms"] / 1000 <= tpot_slo_s(basis, scale)
 
 
-def met(run: Mapping[str, Any], scale: float) -> int | None:
-    """How many of the run's turns met both bounds; None for a run recorded without a basis."""
-    basis = run.get("slo_basis")
-    if not basis:
+Basis = Mapping[str, float]
+
+
+def regime_basis(runs: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
+    """One basis for every mode of a regime: each measure's median over the engine sets that
+    ran it (the same engines: a set that measured slower must not loosen its own modes'
+    bounds); None when no run kept one."""
+    bases = [b for r in runs if (b := r.get("slo_basis"))]
+    if not bases:
+        return None
+    return {key: median(b[key] for b in bases) for key in bases[0]}
+
+
+def met(run: Mapping[str, Any], scale: float, basis: Basis | None = None) -> int | None:
+    """How many of the run's turns met both bounds (`basis`: the regime's, else the run's
+    own); None for a run recorded without one."""
+    basis = basis if basis is not None else run.get("slo_basis")
+    if not basis or not run.get("slo_basis"):
         return None
     return sum(1 for r in run["records"] if meets(r, basis, scale))
 
 
-def attainment(run: Mapping[str, Any], scale: float) -> float | None:
+def attainment(run: Mapping[str, Any], scale: float, basis: Basis | None = None) -> float | None:
     """The share of the turns the client should have sent that met both bounds."""
-    n = met(run, scale)
+    n = met(run, scale, basis)
     expected = run["summary"].get("expected") if n is not None else None
     return None if n is None or not expected else n / expected
 
 
-def goodput(run: Mapping[str, Any], scale: float = GOODPUT_SCALE) -> float | None:
+def goodput(
+    run: Mapping[str, Any], scale: float = GOODPUT_SCALE, basis: Basis | None = None
+) -> float | None:
     """Turns meeting both bounds per second of the run's wall."""
-    n = met(run, scale)
+    n = met(run, scale, basis)
     wall = run["summary"].get("wall_s") if n is not None else None
     return None if n is None or not wall else n / wall
 
 
-def curve(runs: Sequence[Mapping[str, Any]], scales: Sequence[float] = SCALES) -> list[float]:
+def curve(
+    runs: Sequence[Mapping[str, Any]], scales: Sequence[float] = SCALES, basis: Basis | None = None
+) -> list[float]:
     """A mode's attainment at each scale, the median over its runs (empty: no basis)."""
     out = []
     for scale in scales:
-        values = [a for r in runs if (a := attainment(r, scale)) is not None]
+        values = [a for r in runs if (a := attainment(r, scale, basis)) is not None]
         if not values:
             return []
         out.append(median(values))

@@ -131,3 +131,18 @@ def test_the_readme_leads_with_equal_engines_and_says_the_engine_fix_in_a_line()
     assert "0.50-0.50x on follow-up TTFT p50" in block
     assert "production_slo.png" in block
     assert report.equal_readme_block({**res, "peers": []}) is None
+
+
+def test_a_regimes_modes_share_one_basis_the_median_of_its_sets() -> None:
+    """A set that measured its engines slower must not loosen its own modes' bounds."""
+    slow = {"p_linear_s": 0.004, "p_quadratic_s": 0.0, "d_tpot_s": 0.04}
+    runs = [a_run([turn(1000, 6000)], 1, 10.0) for _ in range(3)]
+    runs[2]["slo_basis"] = slow  # mode c's set measured four times slower
+    assert slo.regime_basis(runs) == BASIS  # the median of two fast sets and one slow
+    assert slo.met(runs[2], 5.0) == 1  # 6 s is within 5 of its own slow prefills (20 s)
+    assert slo.met(runs[2], 5.0, BASIS) == 0  # not within 5 of the regime's (5 s)
+    assert slo.regime_basis([{"records": []}]) is None
+    for run, name in zip(runs, "abc", strict=True):
+        run.update(regime="r", mode=name, summary={**summary(1, 0.02, 10.0), "expected": 1})
+    pooled = report.pooled_by_regime(runs)["r"]
+    assert [pooled[m]["attainment"]["median"] for m in "abc"] == [0, 0, 0]
