@@ -168,7 +168,8 @@ def chart(pooled: Mapping[str, Mapping[str, Mapping[str, Any]]], out: Path) -> b
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, grid = plt.subplots(1, len(regimes), figsize=(5.5 * len(regimes), 4), squeeze=False)
+    width = max(7.5, 5.5 * len(regimes))
+    fig, grid = plt.subplots(1, len(regimes), figsize=(width, 4.4), squeeze=False)
     for ax, regime in zip(grid[0], regimes, strict=True):
         for name, m in pooled[regime].items():
             if values := m.get("attainment_curve"):
@@ -181,7 +182,7 @@ def chart(pooled: Mapping[str, Mapping[str, Mapping[str, Any]]], out: Path) -> b
         ax.axvline(slo.GOODPUT_SCALE, color="grey", lw=0.6)
         ax.set_title(regime)
     grid[0][0].legend(fontsize=7)
-    fig.suptitle("SLO attainment on equal engines (vLLM multi-turn client; median over runs)")
+    fig.suptitle("SLO attainment on equal engines (vLLM's client; median over runs)")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

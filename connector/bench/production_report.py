@@ -413,7 +413,8 @@ def equal_blocks(res: Mapping[str, Any]) -> list[str]:
     import production_equal as equal
 
     peers, twin, mode = list(res.get("peers") or ()), res.get("twin", ""), res["default_mode"]
-    top = equal.headline(res["pooled"], mode, peers, twin)
+    ran = equal_regimes(res)
+    top = equal.headline(ran, mode, peers, twin)
     if top is None:
         return []
     intro = (
@@ -422,8 +423,7 @@ def equal_blocks(res: Mapping[str, Any]) -> list[str]:
         f"{slo.GOODPUT_SCALE:g} (higher is better); (tie): inside the A/A noise band; bold: "
         "issue 48's target missed:"
     )
-    ran = [(r, modes) for r, modes in res["pooled"].items() if any(p in modes for p in peers)]
-    return [intro, top, *(equal.slo_table(r, modes, twin, mode) for r, modes in ran)]
+    return [intro, top, *(equal.slo_table(r, modes, twin, mode) for r, modes in ran.items())]
 
 
 def same_engine_headline(res: Mapping[str, Any]) -> str | None:
@@ -471,14 +471,20 @@ def _median_of(m: Mapping[str, Any] | None, figure: str) -> float | None:
     return f["median"] if f else None
 
 
+def equal_regimes(res: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """The regimes an equal-engine sitting ran (`--equal`: its A/A twin beside the default),
+    not the older sittings that ran some of the same quiet policies on earlier routers."""
+    twin = res.get("twin")
+    return {r: modes for r, modes in res["pooled"].items() if twin and twin in modes}
+
+
 def equal_readme_block(res: Mapping[str, Any]) -> str | None:
     """The README's headline once a sitting ran the peers on equal engines: that comparison
     first, the stock one as one line of what the engine fix alone gives (None: no peers ran)."""
     import production_equal as equal
 
     peers, mode = list(res.get("peers") or ()), res["default_mode"]
-    ran = {r: modes for r, modes in res["pooled"].items() if any(p in modes for p in peers)}
-    table_ = equal.headline(ran, mode, peers, res.get("twin", ""))
+    table_ = equal.headline(equal_regimes(res), mode, peers, res.get("twin", ""))
     if table_ is None:
         return None
     names = ", ".join(p.removesuffix("@quiet") for p in peers)

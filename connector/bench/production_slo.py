@@ -53,7 +53,8 @@ def regime_basis(runs: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
     """One basis for every mode of a regime: each measure's median over the engine sets that
     ran it (the same engines: a set that measured slower must not loosen its own modes'
     bounds); None when no run kept one."""
-    bases = [b for r in runs if (b := r.get("slo_basis"))]
+    sets = {tuple(sorted(b.items())) for r in runs if (b := r.get("slo_basis"))}
+    bases = [dict(items) for items in sets]  # one per engine set, however many runs it ran
     if not bases:
         return None
     return {key: median(b[key] for b in bases) for key in bases[0]}

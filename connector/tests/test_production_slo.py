@@ -138,7 +138,12 @@ def test_a_regimes_modes_share_one_basis_the_median_of_its_sets() -> None:
     slow = {"p_linear_s": 0.004, "p_quadratic_s": 0.0, "d_tpot_s": 0.04}
     runs = [a_run([turn(1000, 6000)], 1, 10.0) for _ in range(3)]
     runs[2]["slo_basis"] = slow  # mode c's set measured four times slower
-    assert slo.regime_basis(runs) == BASIS  # the median of two fast sets and one slow
+    middle = {"p_linear_s": 0.002, "p_quadratic_s": 0.0, "d_tpot_s": 0.02}
+    assert slo.regime_basis([*runs, a_run([], 1, 1.0) | {"slo_basis": middle}]) == middle
+    runs[1]["slo_basis"] = dict(BASIS)  # the same set measured once, however many runs
+    assert slo.regime_basis(runs) == {k: (BASIS[k] + slow[k]) / 2 for k in BASIS}
+    runs[1]["slo_basis"] = {**BASIS, "d_tpot_s": 0.011}  # a second fast set
+    assert slo.regime_basis(runs) == {**BASIS, "d_tpot_s": 0.011}  # the median of three
     assert slo.met(runs[2], 5.0) == 1  # 6 s is within 5 of its own slow prefills (20 s)
     assert slo.met(runs[2], 5.0, BASIS) == 0  # not within 5 of the regime's (5 s)
     assert slo.regime_basis([{"records": []}]) is None

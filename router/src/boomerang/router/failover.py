@@ -119,8 +119,8 @@ class Failover:
                 if not exc.retryable:
                     raise client_error(exc) from None
             else:
-                for failed_ep, exc in answered_5xx:  # another engine served it: theirs
-                    self.failed(pool, failed_ep, exc, logged=True)
+                for failed_ep, failure in answered_5xx:  # another engine served it: theirs
+                    self.failed(pool, failed_ep, failure, logged=True)
                 return result
         if answered_5xx:
             self.metrics.request_caused.labels(pool.role).inc(len(answered_5xx))
