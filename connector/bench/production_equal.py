@@ -44,20 +44,12 @@ DECIDES = ("decode-first", "dynamo")
 """Peers whose rule sends some turns to the decoder alone: 'never fired' where none went."""
 
 
-def _median(m: Mapping[str, Any] | None, figure: str) -> float | None:
-    if m is None:
-        return None
-    if figure == "SLO goodput":
-        return (m.get("goodput") or {}).get("median")
-    return (m["figures"].get(figure) or {}).get("median")
-
-
 def noise(modes: Mapping[str, Mapping[str, Any]], mode: str, twin: str) -> dict[str, float]:
     """Per figure, how far the twin's median lies from the mode's (|ratio - 1|): what the same
     configuration measures twice in one sitting."""
     out = {}
     for figure in ("SLO goodput", *FIGURES):
-        a, b = _median(modes.get(mode), figure), _median(modes.get(twin), figure)
+        a, b = report.median_of(modes.get(mode), figure), report.median_of(modes.get(twin), figure)
         if a and b:
             out[figure] = abs(b / a - 1)
     return out
@@ -67,7 +59,7 @@ def best(
     modes: Mapping[str, Mapping[str, Any]], peers: Sequence[str], figure: str
 ) -> tuple[str, float] | None:
     """The peer with the best median of `figure` (highest goodput, lowest otherwise)."""
-    found = [(v, p) for p in peers if (v := _median(modes.get(p), figure)) is not None]
+    found = [(v, p) for p in peers if (v := report.median_of(modes.get(p), figure)) is not None]
     if not found:
         return None
     value, name = max(found) if figure == "SLO goodput" else min(found)
@@ -78,7 +70,7 @@ def cell(regime: str, modes: Mapping[str, Any], mode: str, peers: Sequence[str],
          figure: str, band: Mapping[str, float]) -> str:  # fmt: skip
     """`mode` against the best peer on one figure: ratio, the peer, 'tie' inside the noise
     band, bold where the target is missed."""
-    mine, top = _median(modes.get(mode), figure), best(modes, peers, figure)
+    mine, top = report.median_of(modes.get(mode), figure), best(modes, peers, figure)
     if mine is None or top is None or not top[1]:
         return "-"
     ratio = mine / top[1]

@@ -61,8 +61,10 @@ _DYNAMO = {**STOCK_ROUTER, "decode_first_tokens": DYNAMO_ISL_TOKENS,
            "decode_first_ratio": DYNAMO_ISL_RATIO}  # fmt: skip
 _POLICIES: dict[str, dict[str, Any]] = {
     "affinity": {**STOCK_ROUTER, "affinity": True},
-    **{f"decode-first-{n}": {**STOCK_ROUTER, "decode_first_tokens": n} for n in (128, 512)},
-    **{f"decode-first-{n}": {**STOCK_ROUTER, "decode_first_tokens": n} for n in PEER_THRESHOLDS},
+    **{
+        f"decode-first-{n}": {**STOCK_ROUTER, "decode_first_tokens": n}
+        for n in (128, *PEER_THRESHOLDS)
+    },
     "dynamo": _DYNAMO,
     "dynamo-load": {**_DYNAMO, "decode_first_p_busy_tokens": P_BUSY_TOKENS},
 }

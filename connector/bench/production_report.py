@@ -125,9 +125,7 @@ def pooled(
     out: dict[str, Any] = {"runs": len(runs), "figures": {}}
     for name, path in FIGURES.items():
         values = [v for r in runs if (v := _at(r, ("summary", *path))) is not None]
-        out["figures"][name] = (
-            {"min": min(values), "median": median(values), "max": max(values)} if values else None
-        )
+        out["figures"][name] = _range(values)
     extra: dict[str, tuple[str, ...]] = {
         "retained_block_s": ("retained_block_s",),
         "turns_per_s": ("summary", "turns_per_s"),
@@ -460,14 +458,18 @@ def engine_fix(res: Mapping[str, Any], figure: str) -> tuple[float, float] | Non
     for modes in res["pooled"].values():
         for quiet in (m for m in modes if m.endswith("@quiet")):
             stock_ = modes.get(quiet.removesuffix("@quiet"))
-            a, b = (_median_of(m, figure) for m in (modes[quiet], stock_))
+            a, b = (median_of(m, figure) for m in (modes[quiet], stock_))
             if a is not None and b:
                 found.append(a / b)
     return (min(found), max(found)) if found else None
 
 
-def _median_of(m: Mapping[str, Any] | None, figure: str) -> float | None:
-    f = (m or {}).get("figures", {}).get(figure) if m else None
+def median_of(m: Mapping[str, Any] | None, figure: str) -> float | None:
+    """A pooled mode's median of `figure` (a `FIGURES` name, or "SLO goodput"); None when
+    the mode or the figure is missing."""
+    if m is None:
+        return None
+    f = m.get("goodput") if figure == "SLO goodput" else m["figures"].get(figure)
     return f["median"] if f else None
 
 

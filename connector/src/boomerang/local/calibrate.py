@@ -97,10 +97,10 @@ def measure_tpot(d_url: str, model: str, tokens: int = TPOT_PROBE_TOKENS) -> flo
     rng = random.Random(time.time_ns())
 
     def timed(max_tokens: int) -> float:
-        body: dict[str, Any] = {**engine_client.completion_body(model, [], max_tokens)}
-        body["prompt"] = [rng.randrange(16, 8000) for _ in range(32)]
+        prompt = [rng.randrange(16, 8000) for _ in range(32)]
+        body = {**engine_client.completion_body(model, prompt, max_tokens), "stream": False}
         start = time.perf_counter()
-        engine_client.post(f"{d_url}/v1/completions", {**body, "stream": False}, timeout=600.0)
+        engine_client.post(f"{d_url}/v1/completions", body, timeout=600.0)
         return time.perf_counter() - start
 
     timed(1)  # the first request after start-up pays one-time costs: not timed

@@ -9,10 +9,11 @@ none was tried, 504 after a timeout, else 502), which the flow may answer by ser
 on the other role alone (`degraded.py`). What a failure means for the turn's handle is the
 call's own business (`Turn.spend`, `Turn.unsent`).
 
-An engine's 5xx answer is the engine's fault or the request's (vLLM answers 500 to inputs it
-fails on, and one client's request must not take the engine, and every tenant's handles on it,
-away from everyone): it counts towards ejecting the engine only once another engine of the role
-served the same call. A 5xx from every engine tried is the request's doing and ejects none
+An engine's 5xx answer, or an error it reports in-band before the first token (kind
+`status`), is the engine's fault or the request's (vLLM answers 500 to inputs it fails on, and
+one client's request must not take the engine, and every tenant's handles on it, away from
+everyone): it counts towards ejecting the engine only once another engine of the role served
+the same call. A 5xx from every engine tried is the request's doing and ejects none
 (`request_caused_failures`). Refused connections, timeouts and broken answers count at once: a
 request cannot cause those.
 """
