@@ -78,6 +78,8 @@ def cell(regime: str, modes: Mapping[str, Any], mode: str, peers: Sequence[str],
     target = (WHERE_P_FORGETS if forgets else TARGETS).get(figure, TARGETS[figure])
     missed = ratio < target if figure == "SLO goodput" else ratio > target
     text = f"{ratio:.2f}x vs {top[0]}"
+    if never_fired(top[0], modes[top[0]]):
+        text += " (never fired: affinity in effect)"
     if figure in band and abs(ratio - 1) <= band[figure]:
         text += " (tie)"
     return f"**{text}**" if missed else text
@@ -107,6 +109,11 @@ def headline(
     return head + "|\n" + "\n".join(rows)
 
 
+def never_fired(name: str, m: Mapping[str, Any]) -> bool:
+    """A decode-first rule that sent no turn to the decoder alone: affinity under its name."""
+    return m.get("d_alone_total") == 0 and any(d in name for d in DECIDES)
+
+
 def fired(name: str, m: Mapping[str, Any]) -> str:
     """How many turns the decoder served alone, and 'never fired' for a decode-first rule
     that sent none there (it ran as affinity under another name)."""
@@ -114,9 +121,7 @@ def fired(name: str, m: Mapping[str, Any]) -> str:
     if total is None:
         return "-"
     text = f"{total:.0f} ({share:.0%})" if share is not None else f"{total:.0f}"
-    if total == 0 and any(d in name for d in DECIDES):
-        text += ", never fired"
-    return text
+    return text + ", never fired" if never_fired(name, m) else text
 
 
 def slo_table(regime: str, modes: Mapping[str, Mapping[str, Any]], twin: str, mode: str) -> str:

@@ -92,7 +92,7 @@ def test_the_equal_headline_takes_the_best_peer_per_figure_and_reads_ties() -> N
     assert line is not None
     # Goodput ties the best peer (affinity, 0.2 turns/s): under agentic's 1.5x, so bold.
     assert "**1.00x vs affinity@quiet (tie)**" in line
-    assert "0.50x vs decode-first-2048@quiet" in line  # follow-up p50, target 0.5 there: met
+    assert "0.50x vs decode-first-2048@quiet |" in line  # follow-up p50, target 0.5 there: met
     assert "1.05x vs affinity@quiet" in line and "**1.05x" not in line  # TPOT p50, 1.05: met
     table = equal.slo_table("agentic", modes, "adaptive-aa", "adaptive")
     assert "| affinity@quiet | 1 | 0.200 (0.200-0.200) | 100% (100%-100%) | 0 (0%) |" in table
@@ -151,3 +151,14 @@ def test_a_regimes_modes_share_one_basis_the_median_of_its_sets() -> None:
         run.update(regime="r", mode=name, summary={**summary(1, 0.02, 10.0), "expected": 1})
     pooled = report.pooled_by_regime(runs)["r"]
     assert [pooled[m]["attainment"]["median"] for m in "abc"] == [0, 0, 0]
+
+
+def test_a_best_peer_that_never_fired_is_named_for_what_it_ran_as() -> None:
+    modes = {
+        "decode-first-512@quiet": mode(0.4, 0.01, 500),  # the best TPOT, no turn on D alone
+        "adaptive": mode(0.2, 0.02, 500, alone=1),
+        "adaptive-aa": mode(0.2, 0.02, 500),
+    }
+    line = equal.headline({"agentic": modes}, "adaptive", ["decode-first-512@quiet"], "adaptive-aa")
+    assert line is not None
+    assert "2.00x vs decode-first-512@quiet (never fired: affinity in effect)" in line
