@@ -305,7 +305,8 @@ async def test_the_itl_budget_derives_from_the_decoders_streams(world: Any) -> N
     streams in milliseconds leaves no room for D's fixed cost (20 ms at the priors), so on a
     D serving many streams the follow-up goes through P; one that takes about a second per
     stream allows a continue within the budget."""
-    specs = {"prefill_spec": {"version": "0.33.0"}, "tuning": {"mode": "adaptive"}}
+    tuning = {"mode": "adaptive", "slo_aware": False}  # the per-continue rule
+    specs = {"prefill_spec": {"version": "0.33.0"}, "tuning": tuning}
     fast = await world(decode_spec={"stream_params": True, "version": "0.33.0"}, **specs)
     router, _ = router_of(fast, SLOW_P)
     unmeasured = {"stream_s": 0.0, "itl_budget_s": 0.05, "tokens": 30}

@@ -27,6 +27,12 @@ CONTINUE_LIMIT_TOKENS: Final = "continue_limit_tokens"
 CONTINUE_LIMITS: Final = "continue_limits"
 """Per decoder URL: its measured stream time (`stream_s`), the ITL budget derived from it
 (`itl_budget_s`) and the longest suffix a continue may compute there now (`tokens`)."""
+SLO: Final = "slo"
+"""The turns' bounds the path choice serves (adaptive, SLO-aware; absent otherwise): `scale`,
+`tpot_s` (every stream's) and `ttft_s` per prompt length in tokens as a mapping (`SLO_AT`),
+derived from what the router measured unless the operator set them."""
+SLO_AT: Final = (1_000, 8_000)
+"""The prompt lengths the state shows a TTFT bound for (it grows with the prompt)."""
 COEFFICIENTS: Final = "coefficients"
 RETENTION_S: Final = "retention_s"
 """Learned: how long a conversation's handle is kept (a quantile of the gaps between turns)."""

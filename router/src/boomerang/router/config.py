@@ -179,6 +179,27 @@ class Tuning(_Model):
         description="With itl_budget_s unset: the share of a co-running stream's time per output "
         "token that one continued prefill may add (the budget is this times D's stream time).",
     )
+    slo_aware: bool = Field(
+        default=True,
+        description="Choose paths for the turns' TTFT and TPOT bounds (adaptive): a turn "
+        "continues on D while D's streams have TPOT slack left (a budget per stream, summed "
+        "over every turn that joins them), and a first turn runs on a decoder alone when P "
+        "would make it miss its TTFT bound. Off, or with itl_budget_s set: each continue is "
+        "bounded alone by the ITL budget.",
+    )
+    slo_scale: float = Field(
+        default=5.0,
+        ge=1,
+        description="The bounds not set below are this many times what the router measured "
+        "of an idle engine: a recompute of the turn's whole prompt (TTFT), a decoder's time "
+        "per output token (TPOT).",
+    )
+    ttft_slo_s: float | None = Field(
+        default=None, gt=0, description="Every turn's TTFT bound, seconds (unset: derived)."
+    )
+    tpot_slo_s: float | None = Field(
+        default=None, gt=0, description="Every stream's TPOT bound, seconds (unset: derived)."
+    )
     retention_quantile: float = Field(
         default=0.9,
         gt=0,

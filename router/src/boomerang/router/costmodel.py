@@ -147,6 +147,14 @@ class Shape:
     d_streams: int = 0
     """Requests the holder is serving now (the router's count): the streams a continued
     prefill stalls."""
+    d_absorbed_s: float = 0.0
+    """The most stall any stream live on the holder has absorbed so far (its ledger,
+    `Endpoint.absorbed`): what the SLO-aware gate subtracts from that stream's budget."""
+    d_stream_tokens: float = 0.0
+    """How many tokens the holder's streams decode (a moving mean; 0: not measured)."""
+    first_turn: bool = False
+    """No decoder holds the history: continuing means the decoder computes the whole prompt
+    (less its prefix cache), which saves no work, only P's queue (`_slo_allows`)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.reusable_tokens <= self.prompt_tokens:
@@ -159,6 +167,8 @@ class Shape:
             raise ValueError(f"need a finite d_stream_s >= 0, got {self}")
         if self.d_streams < 0:
             raise ValueError(f"need d_streams >= 0, got {self}")
+        if not (_valid(self.d_absorbed_s, self.d_stream_tokens)):
+            raise ValueError(f"need finite d_absorbed_s, d_stream_tokens >= 0, got {self}")
 
     @property
     def _reach(self) -> int:
@@ -185,6 +195,34 @@ class Shape:
         return max(0, self._reach - self.p_cached_tokens)
 
 
+DEFAULT_SLO_SCALE: Final = 5.0
+"""The bounds' multiple of the idle costs the router measures (DistServe's SLO scale), the
+same the production benchmark's goodput uses: room for a queue of several turns on P and a
+batch of several streams on D, still failing a turn that waited behind a long prefill."""
+SLACK_SHARE: Final = 0.5
+"""The share of a stream's TPOT slack that stalls from turns joining D may spend: the rest
+covers streams shorter than the holder's mean and the model's error."""
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    """What a turn should meet: a TTFT and a TPOT bound, each the operator's or `scale` times
+    what the router measured of an idle engine (`ttft_slo`, `tpot_slo`)."""
+
+    scale: float = DEFAULT_SLO_SCALE
+    ttft_s: float | None = None
+    """Every turn's TTFT bound; None: `scale` idle recomputes of the turn's prompt."""
+    tpot_s: float | None = None
+    """Every stream's TPOT bound; None: `scale` times an idle decoder's time per token."""
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.scale) and self.scale >= 1):
+            raise ValueError(f"the SLO scale must be finite and >= 1, got {self.scale}")
+        for bound in (self.ttft_s, self.tpot_s):
+            if bound is not None and not (math.isfinite(bound) and bound > 0):
+                raise ValueError(f"SLO bounds must be finite and > 0, got {bound}")
+
+
 @dataclass(frozen=True, slots=True)
 class Bounds:
     """The operator's bounds on the choice (router config `tuning`)."""
@@ -199,6 +237,8 @@ class Bounds:
     """What a continued prefill may stall D's other streams; None: derived (`itl_budget`)."""
     tpot_tolerance: float = 0.1
     """The share of a stream's time per output token one continue it sees may add."""
+    slo: Slo | None = None
+    """The turns' objectives (SLO-aware choice, `_slo_allows`); None: the ITL budget's rule."""
 
     def __post_init__(self) -> None:
         ints = (self.floor_tokens, self.break_even_min_tokens, self.break_even_max_tokens)
@@ -348,7 +388,11 @@ def decide(c: Coefficients, shape: Shape, bounds: Bounds) -> Choice:
     if forced:
         notes.append(f"pull forced: reusable {r} >= {bounds.break_even_max_tokens}")
     limit, on_d = continue_limit(c, bounds, shape.d_stream_s), shape.continue_tokens
-    if shape.holder and 0 < on_d <= limit:
+    if shape.holder and bounds.slo is not None:
+        allows, why = _slo_allows(c, shape, bounds, bounds.slo, min(estimate[p] for p in allowed))
+        allowed += [Path.CONTINUE] if allows else []
+        notes += [why] if why else []
+    elif shape.holder and 0 < on_d <= limit:
         allowed.append(Path.CONTINUE)
     elif shape.holder and bounds.continue_on_decode:
         budget = itl_budget(bounds, shape.d_stream_s)
@@ -372,6 +416,67 @@ def decide(c: Coefficients, shape: Shape, bounds: Bounds) -> Choice:
     assert best is not None
     shown = " ".join(f"{p}={s:.4f}s" for p, s in costs.items())
     return Choice(best, costs, "; ".join([f"{best}: cheapest of {shown}", *notes]))
+
+
+def ttft_slo(c: Coefficients, slo: Slo, prompt_tokens: int) -> float:
+    """A turn's TTFT bound: the operator's, else `scale` times an idle recompute of its whole
+    prompt as the model knows it (P's prefill and D's first step, no queue, no cache)."""
+    if slo.ttft_s is not None:
+        return slo.ttft_s
+    idle = c.p_fixed_s + c.p_compute_s_per_token * prompt_tokens
+    return slo.scale * (idle + c.d_first_fixed_s + c.d_first_s_per_token * prompt_tokens)
+
+
+def tpot_slo(c: Coefficients, slo: Slo) -> float:
+    """A stream's TPOT bound: the operator's, else `scale` times an idle decoder's time per
+    output token (the stream fit's, alone and with nothing joining it)."""
+    return slo.tpot_s if slo.tpot_s is not None else slo.scale * c.stream_s_per_token
+
+
+def stall_budget(c: Coefficients, slo: Slo, stream_tokens: float, streams: int) -> float:
+    """What the stalls of turns joining a decoder may add up to over one of its streams:
+    `SLACK_SHARE` of the stream's TPOT slack (the bound less its time per token in a batch of
+    `streams`) over its tokens (the holder's mean); `FALLBACK_ITL_BUDGET_S` until a stream
+    was measured."""
+    if stream_tokens <= 0:
+        return FALLBACK_ITL_BUDGET_S
+    step = c.stream_s_per_token + c.stream_s_per_token_per_other * max(0, streams - 1)
+    return SLACK_SHARE * stream_tokens * max(0.0, tpot_slo(c, slo) - step)
+
+
+def _slo_allows(
+    c: Coefficients, shape: Shape, bounds: Bounds, slo: Slo, on_p: float
+) -> tuple[bool, str]:
+    """The SLO-aware gate of the continue path (the turn served by a decoder alone), and why.
+
+    The TPOT side is a budget per stream, not per turn: each turn that joins a decoder stalls
+    every stream it is decoding by about its prefill there (`Endpoint.absorbed` keeps the sum
+    each live stream took), and a stream's time per token stays within its bound while the
+    stalls it absorbs stay within `stall_budget`. So a continue is allowed while it fits what
+    the most stalled live stream has left: however many turns join, none of D's streams is
+    pushed past its TPOT bound by them, and while D has slack, a follow-up takes whichever path
+    gets its first token sooner (the cost model, queues included): when P is busy, D.
+
+    A first turn (no history on any decoder) takes D's slack only when P would make it miss
+    its TTFT bound (`ttft_slo`): on D it saves no work, only P's queue, and it costs D's
+    streams its whole prefill. `on_p` is the best estimate of the paths through P."""
+    on_d = shape.continue_tokens
+    if not bounds.continue_on_decode or not 0 < on_d <= bounds.continue_max_suffix_tokens:
+        return False, f"no continue: {on_d} to compute on D" if bounds.continue_on_decode else ""
+    stall = c.d_fixed_s + c.d_compute_s_per_token * on_d
+    budget = stall_budget(c, slo, shape.d_stream_tokens, shape.d_streams)
+    left = budget - shape.d_absorbed_s
+    if shape.d_streams and stall > left:
+        return False, (
+            f"no continue: {stall * 1000:.0f} ms stall, D's streams have "
+            f"{max(0.0, left) * 1000:.0f} ms of TPOT slack left"
+        )
+    if not shape.first_turn:
+        return True, ""
+    bound = ttft_slo(c, slo, shape.prompt_tokens)
+    if on_p > bound:
+        return True, f"on D: P would miss the {bound * 1000:.0f} ms TTFT bound"
+    return False, f"no decoder alone: P meets the {bound * 1000:.0f} ms TTFT bound"
 
 
 def _overrun_pays(

@@ -75,6 +75,15 @@ class Endpoint:
     """Decode: how long its streams decode, first token to last (a moving mean of the
     router's measures, `streamed`; 0 until one is measured): the continue path's ITL budget
     is a share of it (`costmodel.itl_budget`)."""
+    stream_tokens: float = 0.0
+    """Decode: how many tokens its streams decode (a moving mean like `stream_s`; 0: none
+    measured): what a stream's TPOT slack is spread over (`costmodel.stall_budget`)."""
+    stalled_s: float = 0.0
+    """Decode: the stalls charged to its streams so far, summed (`stall`): each turn that
+    joins it (a prefill of its own, or a handover from P) stalls every stream it decodes."""
+    live: dict[int, float] = field(default_factory=dict)
+    """Decode: the streams it decodes now, each with `stalled_s` when it got its first token
+    (`begin`, `end`): what each has absorbed since is the difference."""
     joined: tuple[int, int] = (0, 0)
     """Decode: the requests that got their first token here so far, (continued, handed
     over): turns continued on it (or served by it alone) and turns handed over from P. A
@@ -141,11 +150,39 @@ class Endpoint:
             self.joined[0] - mark.continued, self.joined[1] - mark.handed_over, max(0.0, batch - 1)
         )
 
-    def streamed(self, seconds: float) -> None:
-        """One stream's decode time (first token to last) into `stream_s`."""
+    def streamed(self, seconds: float, tokens: int = 0) -> None:
+        """One stream's decode time (first token to last) into `stream_s`, and its output
+        tokens into `stream_tokens`."""
         if math.isfinite(seconds) and 0 < seconds < MAX_STREAM_S:
-            old = self.stream_s
-            self.stream_s = seconds if old <= 0 else old + STREAM_WEIGHT * (seconds - old)
+            self.stream_s = _moving(self.stream_s, seconds)
+            if tokens > 1:
+                self.stream_tokens = _moving(self.stream_tokens, float(tokens))
+
+    def stall(self, seconds: float) -> None:
+        """Charge a stall to every stream it decodes now (a turn joining its batch)."""
+        if math.isfinite(seconds) and seconds > 0:
+            self.stalled_s += seconds
+
+    def begin(self) -> int:
+        """A stream got its first token here: its ledger entry (`end` it)."""
+        key = next(_STREAM_KEYS)
+        self.live[key] = self.stalled_s
+        return key
+
+    def end(self, key: int) -> None:
+        self.live.pop(key, None)
+
+    def absorbed(self) -> float:
+        """The most stall any live stream has absorbed since its first token."""
+        return self.stalled_s - min(self.live.values()) if self.live else 0.0
+
+
+def _moving(old: float, new: float) -> float:
+    """A moving mean weighing the newest value `STREAM_WEIGHT` (the first one alone)."""
+    return new if old <= 0 else old + STREAM_WEIGHT * (new - old)
+
+
+_STREAM_KEYS = itertools.count()
 
 
 @dataclass

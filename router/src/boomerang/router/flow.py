@@ -179,7 +179,7 @@ class Router(Serving):
         """The prompt's token ids, when they can verify a handle or tell which P holds the
         prompt (the KV index, with more than one P)."""
         steer = self.indexed() and len(self.prefill.candidates()) > 1
-        if turn.handle is None and not steer:
+        if turn.handle is None and not steer and self._first_decoder(turn) is None:
             return
         turn.prompt_ids = await self._prompt_ids(turn)
 
@@ -281,7 +281,10 @@ class Router(Serving):
     # -- 4. plan, 5. run ----------------------------------------------------------------------
 
     def _plan(self, turn: Turn) -> Plan | None:
-        """The legs for a verified turn (None: nothing verified, the turn is plain P/D)."""
+        """The legs for a verified turn, or for a first one that a decoder may serve alone
+        (None: nothing to choose, the turn is plain P/D)."""
+        if turn.handle is None and turn.prompt_ids is not None:
+            return self._first_plan(turn)
         if turn.reuse is None or turn.handle is None or turn.prompt_ids is None:
             return None
         prompt = len(turn.prompt_ids)
@@ -300,6 +303,8 @@ class Router(Serving):
             d_queue_tokens=max(0.0, holder.prefilling) if holder is not None else 0.0,
             d_stream_s=holder.stream_s if holder is not None else 0.0,
             d_streams=max(0, holder.inflight) if holder is not None else 0,
+            d_absorbed_s=holder.absorbed() if holder is not None else 0.0,
+            d_stream_tokens=holder.stream_tokens if holder is not None else 0.0,
         )
         if self.paths.adaptive:
             plan = adaptive_plan(facts, self.paths.model, self.paths.bounds())
@@ -313,6 +318,49 @@ class Router(Serving):
             log.debug("Planned turn", extra={**extra, **asdict(facts)})
         if plan.declines:
             self.release(turn.decline(), "recompute")
+        return plan
+
+    def _first_decoder(self, turn: Turn) -> Endpoint | None:
+        """The decoder that may serve a turn with no usable history alone (SLO-aware adaptive
+        only, `costmodel._slo_allows`): the one decode would pick, if it runs the continue
+        change (which frees a request D served alone)."""
+        if self.paths.slo() is None or not self.config.tuning.continue_on_decode:
+            return None
+        candidates = self.decode.candidates()
+        if not candidates:
+            return None
+        d_ep = self.strategy.decode(candidates, turn.holder)
+        return None if d_ep.ejected or CONTINUE_CAPABILITY not in d_ep.capabilities else d_ep
+
+    def _first_plan(self, turn: Turn) -> Plan | None:
+        """A turn with no usable history: on P, or on a decoder alone when P would make it
+        miss its TTFT bound and the decoder's streams have the slack (None: plain P/D)."""
+        d_ep = self._first_decoder(turn)
+        if d_ep is None or turn.prompt_ids is None:
+            return None
+        prompt = len(turn.prompt_ids)
+        p_cached = self.cached(turn).get(turn.p_ep.url, 0) if turn.p_ep is not None else 0
+        facts = Facts(
+            prompt_tokens=prompt,
+            reusable_tokens=0,
+            pullable=False,
+            holder_continues=True,
+            p_cached_tokens=min(p_cached, prompt),
+            d_held_tokens=min(self.held_by(turn, d_ep.url) or 0, prompt),
+            p_queue_tokens=max(0.0, turn.p_ep.work) if turn.p_ep is not None else 0.0,
+            d_queue_tokens=max(0.0, d_ep.prefilling),
+            d_stream_s=d_ep.stream_s,
+            d_streams=max(0, d_ep.inflight),
+            d_absorbed_s=d_ep.absorbed(),
+            d_stream_tokens=d_ep.stream_tokens,
+            first_turn=True,
+        )
+        plan = adaptive_plan(facts, self.paths.model, self.paths.bounds())
+        if plan.choice is not Path.CONTINUE:
+            return None
+        turn.holder = d_ep.url  # the continue leg serves it there
+        turn.planned(plan.choice)
+        log.debug("Planned first turn", extra={"why": plan.reason, **asdict(facts)})
         return plan
 
     def _held_on_holder(self, turn: Turn, reusable: int) -> int:
@@ -356,6 +404,9 @@ class Router(Serving):
             holder = self._continue_holder(turn) if path is Path.CONTINUE else None
             if path is Path.CONTINUE and holder is None:
                 continue  # the holder went away since the plan: the next leg
+            if holder is not None:  # its prefill stalls the streams the holder decodes
+                computed = len(turn.prompt_ids or ()) - turn.reused_tokens_verified
+                holder.stall(self.paths.continue_stall(computed))
             try:
                 return await leg_for(self, path, holder).run(request, turn)
             except LegFailed as failed:

@@ -204,7 +204,8 @@ class Continue:
         self._observe(turn, result.finished and api.can_buffer, result.params, mode, start)
         if result.finished:
             s.place(turn, result, holder)
-        if result.finished and await settle(s.file(turn, result, holder)):
+        filed = result.finished and await settle(s.file(turn, result, holder))
+        if filed and turn.handle is not None:  # a first turn served here had none
             s.release(turn.supersede(), "superseded")
         assert result.response is not None
         return result.response

@@ -32,7 +32,17 @@ from typing import Any
 
 from boomerang.connector import router_state as state
 from boomerang.router.config import RouterConfig
-from boomerang.router.costmodel import Bounds, Choice, CostModel, Path, Shape, itl_budget
+from boomerang.router.costmodel import (
+    Bounds,
+    Choice,
+    CostModel,
+    Path,
+    Shape,
+    Slo,
+    itl_budget,
+    tpot_slo,
+    ttft_slo,
+)
 from boomerang.router.endpoints import Joined
 from boomerang.router.metrics import Metrics
 
@@ -62,7 +72,16 @@ class PathBook:
             continue_max_suffix_tokens=t.continue_max_suffix_tokens,
             itl_budget_s=t.itl_budget_s,
             tpot_tolerance=t.continue_tpot_tolerance,
+            slo=self.slo(),
         )
+
+    def slo(self) -> Slo | None:
+        """The turns' bounds in force (SLO-aware, adaptive), None when the ITL budget rules:
+        the choice is off, or the operator pinned a budget per continue."""
+        t = self.config.tuning
+        if not (t.slo_aware and self.adaptive) or t.itl_budget_s is not None:
+            return None
+        return Slo(t.slo_scale, t.ttft_slo_s, t.tpot_slo_s)
 
     def choose(
         self, prompt_tokens: int, reusable_tokens: int, holder: bool, pullable: bool = True
@@ -72,6 +91,11 @@ class PathBook:
         reusable = max(0, min(reusable_tokens, prompt_tokens))
         shape = Shape(prompt_tokens, reusable, holder, pullable)
         return self.model.choose(shape, self.bounds())
+
+    def continue_stall(self, computed_tokens: int) -> float:
+        """What a turn computing `computed_tokens` on a decoder stalls its streams (seconds)."""
+        c = self.model.coefficients()
+        return c.d_fixed_s + c.d_compute_s_per_token * max(0, computed_tokens)
 
     def served(self, path: Path) -> None:
         """Count the path that served a turn."""
@@ -131,7 +155,16 @@ class PathBook:
             }
             for url, s in (streams or {}).items()
         }
+        slo, c = self.slo(), self.model.coefficients()
+        bounds_now = None
+        if slo is not None:
+            bounds_now = {
+                "scale": slo.scale,
+                "tpot_s": tpot_slo(c, slo),
+                "ttft_s": {str(n): ttft_slo(c, slo, n) for n in state.SLO_AT},
+            }
         return {
+            state.SLO: bounds_now,
             state.MODE: self.config.tuning.mode,
             state.BREAK_EVEN_TOKENS: self.break_even_tokens(),
             state.CONTINUE_LIMIT_TOKENS: self.model.continue_limit_tokens(bounds),

@@ -60,6 +60,13 @@ class Facts:
     """How long the holder's streams decode (`Endpoint.stream_s`; 0: not measured)."""
     d_streams: int = 0
     """Requests the holder serves now (`Endpoint.inflight`): what a continue stalls."""
+    d_absorbed_s: float = 0.0
+    """The most stall a stream live on the holder has absorbed (`Endpoint.absorbed`)."""
+    d_stream_tokens: float = 0.0
+    """How many tokens the holder's streams decode (`Endpoint.stream_tokens`)."""
+    first_turn: bool = False
+    """No decoder holds the history: `holder_continues` names a decoder that would compute
+    the whole prompt (less its prefix cache) alone."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.reusable_tokens <= self.prompt_tokens:
@@ -119,6 +126,9 @@ def _choose(facts: Facts, model: CostModel, bounds: Bounds, holder: bool) -> Cho
         d_queue_tokens=facts.d_queue_tokens,
         d_stream_s=facts.d_stream_s,
         d_streams=facts.d_streams,
+        d_absorbed_s=facts.d_absorbed_s,
+        d_stream_tokens=facts.d_stream_tokens,
+        first_turn=facts.first_turn,
     )
     return model.choose(shape, bounds)
 

@@ -203,20 +203,28 @@ class Serving:
         if handed_over:
             cached = "unknown" if turn.p_cached is None else turn.p_cached
         mark: Mark | None = None
+        live: int | None = None
 
         def on_first() -> None:
-            nonlocal mark
+            nonlocal mark, live
             if mark is None and ep.role == "decode":
                 mark = ep.join(handed_over)
+                if handed_over:  # D took P's blocks and its first step: its streams waited
+                    ep.stall(self.paths.model.coefficients().stream_handoff_stall_s)
+                live = ep.begin()  # what joins from now on stalls this stream too
             self._on_first(turn)
 
-        result = await call_and_answer(
-            request, self.engines, call, turn.req, mode, t, on_first, cached
-        )
+        try:
+            result = await call_and_answer(
+                request, self.engines, call, turn.req, mode, t, on_first, cached
+            )
+        finally:
+            if live is not None:
+                ep.end(live)
         turn.answered(result)
         if mode == "stream" and result.finished and turn.first_at:
             seconds = time.perf_counter() - turn.first_at
-            ep.streamed(seconds)  # D's decode time (costmodel)
+            ep.streamed(seconds, len(result.output_ids or ()))  # D's decode (costmodel)
             if mark is not None and result.output_ids:
                 self.paths.observe_stream(len(result.output_ids), ep.since(mark), seconds)
         return result
