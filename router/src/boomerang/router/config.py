@@ -162,7 +162,10 @@ class Tuning(_Model):
         "the history, which serves it from its prefix cache and computes the suffix.",
     )
     continue_max_suffix_tokens: int = Field(
-        default=1024, ge=0, description="Hard bound on the suffix a continued turn computes on D."
+        default=8192,
+        ge=0,
+        description="Hard bound on the suffix a continued turn computes on D (below it, the "
+        "SLO's stall budget or the ITL budget decides).",
     )
     itl_budget_s: float | None = Field(
         default=None,
