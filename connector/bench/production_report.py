@@ -475,9 +475,15 @@ def median_of(m: Mapping[str, Any] | None, figure: str) -> float | None:
 
 def equal_regimes(res: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     """The regimes an equal-engine sitting ran (`--equal`: its A/A twin beside the default),
-    not the older sittings that ran some of the same quiet policies on earlier routers."""
+    not the older sittings that ran some of the same quiet policies on earlier routers, nor
+    an equal sitting kept as history under a label naming its router (`agentic, equal
+    engines, router 6984497`): the headline's rows run on the current router."""
     twin = res.get("twin")
-    return {r: modes for r, modes in res["pooled"].items() if twin and twin in modes}
+    return {
+        r: modes
+        for r, modes in res["pooled"].items()
+        if twin and twin in modes and ", router " not in r
+    }
 
 
 def equal_readme_block(res: Mapping[str, Any]) -> str | None:

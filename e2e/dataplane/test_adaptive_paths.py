@@ -94,7 +94,8 @@ def test_the_continue_budget_derives_from_the_decoders_measured_streams(dataplan
     decode and allows a continue only within a tenth of that (`costmodel.itl_budget`) beyond
     what a handover from P costs D's streams: what `/boomerang/v1/state` shows for D is that
     stream time, that budget, and the longest suffix the learned costs fit in it."""
-    router = dataplane.router("router-derived", tuning={"mode": "adaptive"})
+    tuning = {"mode": "adaptive", "slo_aware": False}  # the per-continue rule
+    router = dataplane.router("router-derived", tuning=tuning)
     rng = random.Random(1213)
     prompt = words(rng, 2000)
     limits = pdclient.get_json(f"{router}/boomerang/v1/state")["continue_limits"]
@@ -112,5 +113,28 @@ def test_the_continue_budget_derives_from_the_decoders_measured_streams(dataplan
     # what a handover from P costs D's streams anyway, learned from these streams, widens it
     left = limit["itl_budget_s"] + c["stream_handoff_stall_s"] - c["d_fixed_s"]
     per_token = c["d_compute_s_per_token"]
-    fits = 0 if left < 0 else 1024 if per_token <= 0 else min(1024, math.floor(left / per_token))
+    bound = 8192  # continue_max_suffix_tokens' default
+    fits = 0 if left < 0 else bound if per_token <= 0 else min(bound, math.floor(left / per_token))
     assert limit["tokens"] == fits  # one read: the same coefficients
+
+
+def test_a_first_turn_p_would_make_late_runs_on_the_decoder_alone(dataplane):
+    """SLO-aware adaptive (issue 48): with a TTFT bound no P can meet, a first turn runs on the
+    decoder alone once the router has measured P's rate (at the priors D computes 5x slower,
+    and the first turn of all goes through P). D computes the whole prompt, answers exactly as
+    one engine alone, and files a handle: the conversation's next turn verifies it there."""
+    router = dataplane.router("router-first-on-d", tuning={"mode": "adaptive", "ttft_slo_s": 1e-3})
+    rng = random.Random(1214)
+    _, outcome, path, _ = turn(dataplane, router, words(rng, 600), stream=True)
+    assert outcome == {"miss": 1.0} and path == {"recompute": 1.0}  # P's rate, measured
+
+    prompt = words(rng, 900)
+    tokens, outcome, path, d = turn(dataplane, router, prompt, stream=True)
+    assert outcome == {"miss": 1.0} and path == {"continue": 1.0}, (outcome, path)
+    assert d.get("local_compute", 0.0) >= len(prompt) - 128  # D computed it, no P, no pull
+    state = pdclient.get_json(f"{router}/boomerang/v1/state")
+    assert state["slo"]["ttft_s"]["1000"] == pytest.approx(1e-3)
+
+    prompt = prompt + tokens + words(rng, SHORT)
+    _, outcome, path, _ = turn(dataplane, router, prompt, stream=True)
+    assert outcome == {"hit": 1.0}, (outcome, path)  # the handle D filed for its first turn

@@ -27,6 +27,7 @@ STATE = {
     "retained_blocks": 120,
     "retained_fraction": 0.314,
     "coefficients": {"p_compute_s_per_token": 0.0002},
+    "slo": {"scale": 5.0, "tpot_s": 0.0371, "ttft_s": {"1000": 0.8304, "8000": 6.2}},
 }
 
 
@@ -48,8 +49,9 @@ def test_adaptive_is_the_default_with_the_documented_bounds() -> None:
     t = deployment().spec.kv_transfer.tuning
     assert t.mode == "Adaptive"
     assert (t.break_even.min_tokens, t.break_even.max_tokens) == (0, 1_000_000)
-    assert t.continue_on_decode.enabled and t.continue_on_decode.max_suffix_tokens == 1024
+    assert t.continue_on_decode.enabled and t.continue_on_decode.max_suffix_tokens == 8192
     assert t.continue_on_decode.itl_budget is None  # derived by the router per decoder
+    assert t.slo.enabled and t.slo.scale == 5 and t.slo.ttft is None and t.slo.tpot is None
     assert (t.retention.quantile_percent, t.retention.minimum) == (90, "10s")
     assert t.decode_memory_budget_percent == 50
 
@@ -68,6 +70,7 @@ def test_the_router_gets_its_tuning_section_in_its_own_names_and_units() -> None
                         "quantilePercent": 95, "minimum": "1m", "reuseReleased": False
                     },
                     "decodeMemoryBudgetPercent": 30,
+                    "slo": {"enabled": False, "scale": 3, "ttft": "2s", "tpot": "50ms"},
                 }
             }
         }
@@ -79,6 +82,10 @@ def test_the_router_gets_its_tuning_section_in_its_own_names_and_units() -> None
         "continue_on_decode": False,
         "continue_max_suffix_tokens": 256,
         "itl_budget_s": 0.02,
+        "slo_aware": False,
+        "slo_scale": 3,
+        "ttft_slo_s": 2.0,
+        "tpot_slo_s": 0.05,
         "retention_quantile": 0.95,
         "retention_min_s": 60.0,
         "reuse_released": False,
@@ -86,6 +93,7 @@ def test_the_router_gets_its_tuning_section_in_its_own_names_and_units() -> None
     }
     loaded = RouterConfig.model_validate(render.router_config(dd)).tuning
     assert loaded.mode == "adaptive" and loaded.itl_budget_s == 0.02
+    assert (loaded.slo_aware, loaded.ttft_slo_s, loaded.tpot_slo_s) == (False, 2.0, 0.05)
 
 
 def test_the_default_tuning_is_the_router_s_own_default() -> None:
@@ -130,6 +138,8 @@ def test_the_router_state_maps_to_rounded_status_fields() -> None:
         "pathShares": {"pull": 20, "recompute": 6, "continue": 74},
         "retainedBlocks": 120,
         "retainedPercent": 31,
+        "tpotBoundMilliseconds": 37,
+        "ttftBoundMillisecondsAt1kTokens": 830,
     }
 
 
@@ -147,9 +157,14 @@ def test_the_router_state_maps_to_rounded_status_fields() -> None:
         ({"mode": "adaptive", "break_even_tokens": None, "retention_s": float("nan")}, {}),
         ({"mode": "adaptive", "retained_blocks": True, "retention_s": -1}, {}),
         ({"mode": "adaptive", "retained_fraction": 1.2}, {"retainedPercent": 100}),
+        ({"mode": "adaptive", "slo": None}, {}),  # chosen without bounds
+        ({"mode": "adaptive", "slo": {"tpot_s": "fast", "ttft_s": [1]}}, {}),
+        ({"mode": "adaptive", "slo": {"ttft_s": {"1000": 2}}}, {
+            "ttftBoundMillisecondsAt1kTokens": 2000}),
     ],
     ids=["static", "a-list", "a-string", "nothing-learned", "no-turns", "one-path",
-         "a-count-as-text", "null-and-nan", "bool-and-negative", "fraction-above-one"],
+         "a-count-as-text", "null-and-nan", "bool-and-negative", "fraction-above-one",
+         "no-slo", "slo-malformed", "slo-ttft-only"],
 )  # fmt: skip
 def test_a_partial_or_odd_state_leaves_out_what_it_does_not_say(
     state: Any, expected: dict[str, Any] | None

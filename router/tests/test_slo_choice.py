@@ -8,10 +8,12 @@ import dataclasses
 import pytest
 
 from boomerang.router.costmodel import (
+    BRAKE,
     FALLBACK_ITL_BUDGET_S,
     SLACK_SHARE,
     Bounds,
     Coefficients,
+    CostModel,
     Path,
     Shape,
     Slo,
@@ -30,8 +32,9 @@ C = Coefficients(
     d_first_s_per_token=1e-5,
     d_fixed_s=0.02,
     d_compute_s_per_token=1e-4,  # as fast on D
-    stream_s_per_token=0.008,  # an idle decoder: 8 ms a token
+    stream_s_per_token=0.02,  # the stream fit's intercept, near its prior: not used
     stream_s_per_token_per_other=0.001,
+    idle_tpot_s=0.008,  # the fastest recent stream: an idle decoder, 8 ms a token
 )
 SLO = Slo()  # scale 5: TPOT bound 40 ms
 B = Bounds(floor_tokens=64, continue_max_suffix_tokens=8192, slo=SLO)
@@ -39,8 +42,8 @@ TOKENS = 200.0
 """The holder's streams decode 200 tokens."""
 
 
-def budget(streams: int) -> float:
-    return stall_budget(C, SLO, TOKENS, streams)
+def budget() -> float:
+    return stall_budget(C, SLO, TOKENS)
 
 
 def follow_up(suffix: int, *, streams: int = 8, absorbed: float = 0.0, p_queue: float = 0.0):
@@ -81,31 +84,41 @@ def test_the_bounds_derive_from_the_idle_costs() -> None:
     assert tpot_slo(C, pinned) == 0.05
 
 
-@pytest.mark.parametrize(
-    ("streams", "expected"),
-    [
-        (1, SLACK_SHARE * TOKENS * (0.040 - 0.008)),  # alone: 3.2 s of slack over 200 tokens
-        (9, SLACK_SHARE * TOKENS * (0.040 - 0.016)),  # eight others: each step 8 ms longer
-        (40, 0.0),  # a batch so big its steps alone miss the bound: no slack at all
-    ],
-)
-def test_the_stall_budget_is_a_share_of_the_streams_tpot_slack(
-    streams: int, expected: float
-) -> None:
-    assert budget(streams) == pytest.approx(expected)
+def test_the_stall_budget_is_half_the_streams_tpot_slack() -> None:
+    assert budget() == pytest.approx(SLACK_SHARE * TOKENS * (0.040 - 0.008))  # 3.2 s
+    assert budget() == pytest.approx(3.2)
+    unmeasured = dataclasses.replace(C, idle_tpot_s=0.0)  # the fit's intercept stands in
+    assert tpot_slo(unmeasured, SLO) == pytest.approx(0.1)
 
 
 def test_an_unmeasured_decoder_gets_the_fallback_budget() -> None:
-    assert stall_budget(C, SLO, 0.0, 8) == FALLBACK_ITL_BUDGET_S
+    assert stall_budget(C, SLO, 0.0) == FALLBACK_ITL_BUDGET_S
+
+
+@pytest.mark.parametrize(("tpot", "expected"), [(0.02, Path.CONTINUE), (0.033, Path.PULL)])
+def test_the_measured_brake_stops_continues_near_the_bound(tpot: float, expected: Path) -> None:
+    """The holder's recent streams decode at 20 ms (half the bound) or 33 ms (past 80 %)."""
+    assert BRAKE * 0.040 == pytest.approx(0.032)
+    s = dataclasses.replace(follow_up(500), d_tpot_s=tpot)
+    assert decide(C, s, B).path is expected
+
+
+def test_the_idle_tpot_is_the_fastest_recent_stream() -> None:
+    model = CostModel()
+    assert model.coefficients().idle_tpot_s == 0.0
+    for tokens, seconds in ((101, 2.0), (51, 0.4), (4, 0.001), (101, 1.5)):
+        model.observe_stream(tokens, 0, 0, 3.0, seconds)
+    assert model.coefficients().idle_tpot_s == pytest.approx(0.008)  # 0.4 s / 50; 4 is short
+    assert "idle_tpot_s" in model.coefficients().as_metrics()
 
 
 @pytest.mark.parametrize(
     ("suffix", "absorbed", "expected"),
     [
         (2000, 0.0, Path.CONTINUE),  # a 2k tool result: 220 ms of stall, seconds of slack
-        (2000, budget(8) - 0.1, Path.PULL),  # the most stalled stream has 100 ms left: no room
-        (2000, budget(8) - 0.3, Path.CONTINUE),  # 300 ms left: room
-        (8000, 0.0, Path.CONTINUE),  # 820 ms of stall still fits 2.6 s of slack
+        (2000, budget() - 0.1, Path.PULL),  # the most stalled stream has 100 ms left: no room
+        (2000, budget() - 0.3, Path.CONTINUE),  # 300 ms left: room
+        (8000, 0.0, Path.CONTINUE),  # 820 ms of stall still fits 3.2 s of slack
         (9000, 0.0, Path.PULL),  # over the hard bound
     ],
 )
@@ -135,7 +148,7 @@ def test_a_continue_that_fits_still_loses_to_a_faster_p() -> None:
     [
         (0.0, 0.0, Path.RECOMPUTE),  # P meets the bound: the decoder's slack is kept
         (60_000.0, 0.0, Path.CONTINUE),  # 6 s queued on P: past the bound, D serves it alone
-        (60_000.0, budget(8) - 0.2, Path.RECOMPUTE),  # ... unless D's streams lack the room
+        (60_000.0, budget() - 0.2, Path.RECOMPUTE),  # ... unless D's streams lack the room
     ],
 )
 def test_a_first_turn_takes_a_decoder_only_when_p_would_miss_its_bound(

@@ -25,6 +25,8 @@ LEARNED_FIELDS = (
     "pathShares",
     "retainedBlocks",
     "retainedPercent",
+    "tpotBoundMilliseconds",
+    "ttftBoundMillisecondsAt1kTokens",
 )
 """The status fields (wire names) that come from the router."""
 OBSERVED_AT = "observedAt"
@@ -78,9 +80,26 @@ def learned(doc: Any) -> dict[str, Any] | None:
     shares = path_shares(doc.get(state.PATH_COUNTS))
     if shares is not None:
         found["pathShares"] = shares
+    found.update(slo_bounds(doc.get(state.SLO)))
     fraction = _number(doc.get(state.RETAINED_FRACTION))
     if fraction is not None:
         found["retainedPercent"] = min(100, round(100 * fraction))
+    return found
+
+
+def slo_bounds(slo: Any) -> dict[str, int]:
+    """The router's SLO bounds in force as status fields, in whole milliseconds (none when the
+    router chooses without them)."""
+    if not isinstance(slo, Mapping):
+        return {}
+    found: dict[str, int] = {}
+    tpot = _number(slo.get("tpot_s"))
+    if tpot is not None:
+        found["tpotBoundMilliseconds"] = round(1000 * tpot)
+    ttft = slo.get("ttft_s")
+    at = _number(ttft.get(str(state.SLO_AT[0]))) if isinstance(ttft, Mapping) else None
+    if at is not None:
+        found["ttftBoundMillisecondsAt1kTokens"] = round(1000 * at)
     return found
 
 

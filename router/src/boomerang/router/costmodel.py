@@ -61,6 +61,17 @@ another, it reached 16-30 ms after 220. On an accelerator, where D reads P's blo
 beside its steps, a handover should cost D's streams little (not measured here): the learned
 stall then stays near 0 and the rule near the old one.
 
+With the turns' bounds known (`Bounds.slo`, the default through the router's `slo_aware`),
+the ITL budget and its overrun give way to `_slo_allows`: a budget per stream rather than per
+continue. Each turn that joins a decoder stalls the streams it decodes; the router sums what
+each live stream absorbed (`Shape.d_absorbed_s`, the most of any), and a continue is allowed
+while that stays within `SLACK_SHARE` of the stream's TPOT slack (`stall_budget`). Why
+(agentic, equal engines, 2026-12-06): the per-continue budget, a tenth of a stream's time,
+let 4 of 51 tool results continue while D's TPOT sat at 14 ms against a 37 ms bound, and the
+rest queued on P behind first turns: goodput 1.17x the best peer's where 1.5x was the target.
+A first turn (`Shape.first_turn`) may run on a decoder alone too, only when P's estimate
+misses its TTFT bound (`ttft_slo`).
+
 Pull minus recompute is `p_pull_fixed - (p_compute - p_pull) * reusable`, so the break-even is
 one history length and does not depend on the suffix. The engine's `kv_recompute_threshold` is a
 floor: P would recompute below it whatever the router sends, so pull is never allowed there.
@@ -90,6 +101,7 @@ continue after the first was refused). What D's other streams may wait is the IT
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -117,6 +129,13 @@ _K: Final = 1000.0
 _SCALE: Final = (1.0, 1 / _K, 1.0, 1 / _K, 1.0, 1 / _K, 1.0, 1 / _K, 1 / _K, 1 / _K, 1.0, 1.0)
 """Fitted value -> `Coefficients` field, in field order."""
 _LEGS: Final = ("prefill", "decode_first", "continue", "stream")
+_MEASURED: Final = ("idle_tpot_s", "observations")
+"""`Coefficients` fields that are measured or counted, not fitted (no prior)."""
+IDLE_WINDOW: Final = 256
+"""Streams the idle TPOT is the fastest of: enough to hold a quiet moment of the traffic
+(its start, a gap between bursts), few enough to follow a change of model or hardware."""
+IDLE_MIN_TOKENS: Final = 8
+"""Shorter streams say little of a time per token (their first step dominates)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +171,8 @@ class Shape:
     `Endpoint.absorbed`): what the SLO-aware gate subtracts from that stream's budget."""
     d_stream_tokens: float = 0.0
     """How many tokens the holder's streams decode (a moving mean; 0: not measured)."""
+    d_tpot_s: float = 0.0
+    """How fast the holder's recent streams decoded, per token (a moving mean; 0: none)."""
     first_turn: bool = False
     """No decoder holds the history: continuing means the decoder computes the whole prompt
     (less its prefix cache), which saves no work, only P's queue (`_slo_allows`)."""
@@ -167,7 +188,7 @@ class Shape:
             raise ValueError(f"need a finite d_stream_s >= 0, got {self}")
         if self.d_streams < 0:
             raise ValueError(f"need d_streams >= 0, got {self}")
-        if not (_valid(self.d_absorbed_s, self.d_stream_tokens)):
+        if not (_valid(self.d_absorbed_s, self.d_stream_tokens, self.d_tpot_s)):
             raise ValueError(f"need finite d_absorbed_s, d_stream_tokens >= 0, got {self}")
 
     @property
@@ -199,6 +220,9 @@ DEFAULT_SLO_SCALE: Final = 5.0
 """The bounds' multiple of the idle costs the router measures (DistServe's SLO scale), the
 same the production benchmark's goodput uses: room for a queue of several turns on P and a
 batch of several streams on D, still failing a turn that waited behind a long prefill."""
+BRAKE: Final = 0.8
+"""No continue while the holder's recent streams (`Shape.d_tpot_s`, measured) decode at this
+share of the TPOT bound or slower: the measured check on the budget's estimate."""
 SLACK_SHARE: Final = 0.5
 """The share of a stream's TPOT slack that stalls from turns joining D may spend: the rest
 covers streams shorter than the holder's mean and the model's error."""
@@ -281,12 +305,22 @@ class Coefficients:
     stream_handoff_stall_s: float = 0.0
     """What a turn handed over from P (D takes its blocks and its first step) adds to each
     stream D is decoding: what a refused continue costs D's streams anyway."""
+    idle_tpot_s: float = 0.0
+    """A decoder's time per output token when nothing slows it: the fastest of the recent
+    streams (`IDLE_WINDOW`), measured, not fitted (0: none yet). The stream fit's own
+    intercept is not it: under steady load the batch is always about the same size, so the
+    fit cannot tell the per-token time from the batch's share and stays near its prior
+    (measured on agentic: 18 ms fitted against 6.6 ms idle)."""
     observations: Mapping[str, int] = field(default_factory=dict)
     """Observations taken per leg: prefill, decode_first, continue, stream."""
 
     def as_metrics(self) -> dict[str, float]:
         """Metric name -> value (`boomerang_router_cost_coefficient{name}`, the state endpoint)."""
         return {k: float(v) for k, v in asdict(self).items() if k != "observations"}
+
+    def idle_tpot(self) -> float:
+        """The idle decoder's time per token: measured, else the stream fit's intercept."""
+        return self.idle_tpot_s if self.idle_tpot_s > 0 else self.stream_s_per_token
 
     def costs(self, shape: Shape) -> dict[Path, float]:
         """Each path's estimated seconds to first token for `shape` (allowed or not)."""
@@ -429,19 +463,18 @@ def ttft_slo(c: Coefficients, slo: Slo, prompt_tokens: int) -> float:
 
 def tpot_slo(c: Coefficients, slo: Slo) -> float:
     """A stream's TPOT bound: the operator's, else `scale` times an idle decoder's time per
-    output token (the stream fit's, alone and with nothing joining it)."""
-    return slo.tpot_s if slo.tpot_s is not None else slo.scale * c.stream_s_per_token
+    output token (`Coefficients.idle_tpot`: measured, else the stream fit's)."""
+    return slo.tpot_s if slo.tpot_s is not None else slo.scale * c.idle_tpot()
 
 
-def stall_budget(c: Coefficients, slo: Slo, stream_tokens: float, streams: int) -> float:
+def stall_budget(c: Coefficients, slo: Slo, stream_tokens: float) -> float:
     """What the stalls of turns joining a decoder may add up to over one of its streams:
-    `SLACK_SHARE` of the stream's TPOT slack (the bound less its time per token in a batch of
-    `streams`) over its tokens (the holder's mean); `FALLBACK_ITL_BUDGET_S` until a stream
-    was measured."""
+    `SLACK_SHARE` of the stream's TPOT slack (the bound less an idle decoder's time per token)
+    over its tokens (the holder's mean); `FALLBACK_ITL_BUDGET_S` until a stream was measured.
+    A bigger batch's slower steps are what the other share and the brake (`BRAKE`) are for."""
     if stream_tokens <= 0:
         return FALLBACK_ITL_BUDGET_S
-    step = c.stream_s_per_token + c.stream_s_per_token_per_other * max(0, streams - 1)
-    return SLACK_SHARE * stream_tokens * max(0.0, tpot_slo(c, slo) - step)
+    return SLACK_SHARE * stream_tokens * max(0.0, tpot_slo(c, slo) - c.idle_tpot())
 
 
 def _slo_allows(
@@ -464,7 +497,13 @@ def _slo_allows(
     if not bounds.continue_on_decode or not 0 < on_d <= bounds.continue_max_suffix_tokens:
         return False, f"no continue: {on_d} to compute on D" if bounds.continue_on_decode else ""
     stall = c.d_fixed_s + c.d_compute_s_per_token * on_d
-    budget = stall_budget(c, slo, shape.d_stream_tokens, shape.d_streams)
+    bound = tpot_slo(c, slo)
+    if shape.d_streams and shape.d_tpot_s >= BRAKE * bound:
+        return False, (
+            f"no continue: D's streams decode at {shape.d_tpot_s * 1000:.0f} ms a token, "
+            f"{BRAKE:.0%} of the {bound * 1000:.0f} ms bound or more"
+        )
+    budget = stall_budget(c, slo, shape.d_stream_tokens)
     left = budget - shape.d_absorbed_s
     if shape.d_streams and stall > left:
         return False, (
@@ -473,10 +512,10 @@ def _slo_allows(
         )
     if not shape.first_turn:
         return True, ""
-    bound = ttft_slo(c, slo, shape.prompt_tokens)
-    if on_p > bound:
-        return True, f"on D: P would miss the {bound * 1000:.0f} ms TTFT bound"
-    return False, f"no decoder alone: P meets the {bound * 1000:.0f} ms TTFT bound"
+    ttft = ttft_slo(c, slo, shape.prompt_tokens)
+    if on_p > ttft:
+        return True, f"on D: P would miss the {ttft * 1000:.0f} ms TTFT bound"
+    return False, f"no decoder alone: P meets the {ttft * 1000:.0f} ms TTFT bound"
 
 
 def _overrun_pays(
@@ -513,7 +552,7 @@ class CostModel:
         prior_floor: float = 1.0,
     ) -> None:
         p = priors or DEFAULT_PRIORS
-        values = [v for k, v in asdict(p).items() if k != "observations"]
+        values = [v for k, v in asdict(p).items() if k not in _MEASURED]
         if not _valid(*values):
             raise ValueError(f"priors must be finite and >= 0, got {p}")
         if not (half_life > 0 and prior_weight > 0 and 0 < prior_floor <= prior_weight):
@@ -530,6 +569,7 @@ class CostModel:
         joined = ((0.0, 0.0, 0.0), (2.0, 1.0, 0.0), (4.0, 0.0, 1.0), (8.0, 4.0, 4.0))
         streams = [[t, t * o, a, b] for t in (0.032, 0.256) for o, a, b in joined]
         self._streams = ForgettingFit(theta[8:], streams, **opts)
+        self._tpots: deque[float] = deque(maxlen=IDLE_WINDOW)
         self._cached: Coefficients | None = None
 
     def _continue_fit(self, prior: list[float]) -> ForgettingFit:
@@ -582,6 +622,9 @@ class CostModel:
         turns came from P got their first token there: what each costs the streams D is
         decoding (`stream_*`)."""
         valid = _valid(continued, handed_over, others, _MAX_OBSERVED_S - seconds, seconds)
+        if output_tokens >= IDLE_MIN_TOKENS and valid and seconds > 0:
+            self._tpots.append(seconds / (output_tokens - 1))
+            self._cached = None
         if output_tokens > 1 and valid:
             steps = (output_tokens - 1) / _K
             self._streams.add([steps, steps * others, continued, handed_over], seconds)
@@ -609,6 +652,7 @@ class CostModel:
                 stream_s_per_token_per_other=st[1] / _K,
                 stream_continue_stall_s=st[2],
                 stream_handoff_stall_s=st[3],
+                idle_tpot_s=min(self._tpots, default=0.0),
                 observations=dict(zip(_LEGS, counts, strict=True)),
             )
         return self._cached

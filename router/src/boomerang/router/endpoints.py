@@ -78,6 +78,9 @@ class Endpoint:
     stream_tokens: float = 0.0
     """Decode: how many tokens its streams decode (a moving mean like `stream_s`; 0: none
     measured): what a stream's TPOT slack is spread over (`costmodel.stall_budget`)."""
+    stream_tpot: float = 0.0
+    """Decode: how fast its streams decoded per token (a moving mean like `stream_s`; 0: none
+    measured): the SLO-aware gate's measured brake (`costmodel.BRAKE`)."""
     stalled_s: float = 0.0
     """Decode: the stalls charged to its streams so far, summed (`stall`): each turn that
     joins it (a prefill of its own, or a handover from P) stalls every stream it decodes."""
@@ -157,6 +160,7 @@ class Endpoint:
             self.stream_s = _moving(self.stream_s, seconds)
             if tokens > 1:
                 self.stream_tokens = _moving(self.stream_tokens, float(tokens))
+                self.stream_tpot = _moving(self.stream_tpot, seconds / (tokens - 1))
 
     def stall(self, seconds: float) -> None:
         """Charge a stall to every stream it decodes now (a turn joining its batch)."""

@@ -305,6 +305,7 @@ class Router(Serving):
             d_streams=max(0, holder.inflight) if holder is not None else 0,
             d_absorbed_s=holder.absorbed() if holder is not None else 0.0,
             d_stream_tokens=holder.stream_tokens if holder is not None else 0.0,
+            d_tpot_s=holder.stream_tpot if holder is not None else 0.0,
         )
         if self.paths.adaptive:
             plan = adaptive_plan(facts, self.paths.model, self.paths.bounds())
@@ -353,6 +354,7 @@ class Router(Serving):
             d_streams=max(0, d_ep.inflight),
             d_absorbed_s=d_ep.absorbed(),
             d_stream_tokens=d_ep.stream_tokens,
+            d_tpot_s=d_ep.stream_tpot,
             first_turn=True,
         )
         plan = adaptive_plan(facts, self.paths.model, self.paths.bounds())

@@ -19,6 +19,9 @@ The planners:
   (`affinity.py`), the history is usually already on P, and static costs what plain P/D costs;
 - `adaptive`: the cheapest allowed leg by the learned cost model (`costmodel.py`), continue
   included, pull only where it is allowed as in static.
+- a first turn (no usable history) is planned only in adaptive mode with the turns' bounds
+  known (`costmodel._slo_allows`): `continue` on the decoder decode would pick, when P would
+  make it miss its TTFT bound and that decoder's streams have the slack, else plain P/D.
 A handle the plan does not use is `declined`: it is never offered again, and D's blocks can be
 released now. A continue keeps it until D's fresh handle supersedes it, or until the turn falls
 back to P (which may then pull it, when D answered: it is alive).
@@ -64,6 +67,8 @@ class Facts:
     """The most stall a stream live on the holder has absorbed (`Endpoint.absorbed`)."""
     d_stream_tokens: float = 0.0
     """How many tokens the holder's streams decode (`Endpoint.stream_tokens`)."""
+    d_tpot_s: float = 0.0
+    """How fast the holder's recent streams decoded per token (`Endpoint.stream_tpot`)."""
     first_turn: bool = False
     """No decoder holds the history: `holder_continues` names a decoder that would compute
     the whole prompt (less its prefix cache) alone."""
@@ -128,6 +133,7 @@ def _choose(facts: Facts, model: CostModel, bounds: Bounds, holder: bool) -> Cho
         d_streams=facts.d_streams,
         d_absorbed_s=facts.d_absorbed_s,
         d_stream_tokens=facts.d_stream_tokens,
+        d_tpot_s=facts.d_tpot_s,
         first_turn=facts.first_turn,
     )
     return model.choose(shape, bounds)

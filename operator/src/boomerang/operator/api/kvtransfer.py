@@ -37,7 +37,10 @@ class ContinueOnDecodeSpec(Model):
 
     enabled: bool = Field(True, description="Let the router take the continue-on-decode path.")
     max_suffix_tokens: int = Field(
-        1024, description="Hard bound: longer new suffixes never continue on D.", ge=1
+        8192,
+        description="Hard bound: longer new suffixes never continue on D (below it, the turns' "
+        "SLO, or itlBudget when set, decides).",
+        ge=1,
     )
     itl_budget: Duration | None = Field(
         None,
@@ -45,6 +48,32 @@ class ContinueOnDecodeSpec(Model):
         "the suffix stays within this (positive). Unset: derived per decoder, a tenth of how "
         "long its streams decode as the router measures them (one continue adds at most 10 % "
         "to a co-running stream's time per output token), 50ms until one is measured.",
+    )
+
+
+class SloSpec(Model):
+    """The latency objectives the router chooses each turn's path for (Adaptive): a turn
+    continues on D while D's streams have TPOT slack left (summed over every turn that joins
+    them), and a first turn runs on a decoder alone when P would make it miss its TTFT bound."""
+
+    enabled: bool = Field(
+        True,
+        description="Choose paths for these bounds. Off, or with continueOnDecode.itlBudget "
+        "set, each continue is bounded alone by the ITL budget.",
+    )
+    scale: int = Field(
+        5,
+        description="The bounds not set below are this many times what the router measures "
+        "of an idle engine: a recompute of the turn's whole prompt (TTFT), a decoder's time per "
+        "output token (TPOT).",
+        ge=1,
+        le=100,
+    )
+    ttft: Duration | None = Field(
+        None, description="Every turn's time-to-first-token bound (positive). Unset: derived."
+    )
+    tpot: Duration | None = Field(
+        None, description="Every stream's time-per-output-token bound (positive). Unset: derived."
     )
 
 
@@ -98,6 +127,10 @@ class TuningSpec(Model):
     continue_on_decode: ContinueOnDecodeSpec = Field(
         default_factory=lambda: ContinueOnDecodeSpec(),
         description="The continue-on-decode path and its bounds (Adaptive).",
+    )
+    slo: SloSpec = Field(
+        default_factory=lambda: SloSpec(),
+        description="The turns' TTFT and TPOT bounds the path choice serves (Adaptive).",
     )
     retention: RetentionSpec = Field(
         default_factory=lambda: RetentionSpec(),

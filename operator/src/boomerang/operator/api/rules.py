@@ -81,10 +81,19 @@ _ROUTER_TTL_SET = (
     f"({cel.present('router.conversationTTL')} && {_ROUTER_TTL}.matches('{DURATION_RE}'))"
 )
 _ANNOTATIONS = "self.router.service.annotations"
-_ITL = f"self.{_TUNING}.continueOnDecode.itlBudget"
-_ITL_SET = (
-    f"({cel.present(f'{_TUNING}.continueOnDecode.itlBudget')} && {_ITL}.matches('{DURATION_RE}'))"
-)
+
+
+def _positive_rule(field: str, get: Callable[[SpecFields], str | None]) -> Rule[SpecFields]:
+    """An optional duration under the tuning section that must be positive when set."""
+    path = f"{_TUNING}.{field}"
+    value = f"self.{path}"
+    is_set = f"({cel.present(path)} && {value}.matches('{DURATION_RE}'))"
+    return Rule(
+        cel=f"!{is_set} || duration({value}) > duration('0s')",
+        message=f"spec.{path} must be positive",
+        field_path=f".{path}",
+        check=lambda s: (d := get(s)) is None or duration_ns(d) > 0,
+    )
 
 
 def _gpus_rule(role: Role) -> Rule[SpecFields]:
@@ -267,15 +276,11 @@ RULES: tuple[Rule[SpecFields], ...] = (
             s.kv_transfer.tuning.break_even.min_tokens <= s.kv_transfer.tuning.break_even.max_tokens
         ),
     ),
-    Rule(
-        cel=f"!{_ITL_SET} || duration({_ITL}) > duration('0s')",
-        message="spec.kvTransfer.tuning.continueOnDecode.itlBudget must be positive",
-        field_path=".kvTransfer.tuning.continueOnDecode.itlBudget",
-        check=lambda s: (
-            (budget := s.kv_transfer.tuning.continue_on_decode.itl_budget) is None
-            or duration_ns(budget) > 0
-        ),
+    _positive_rule(
+        "continueOnDecode.itlBudget", lambda s: s.kv_transfer.tuning.continue_on_decode.itl_budget
     ),
+    _positive_rule("slo.ttft", lambda s: s.kv_transfer.tuning.slo.ttft),
+    _positive_rule("slo.tpot", lambda s: s.kv_transfer.tuning.slo.tpot),
     Rule(
         cel=f"!{_well_formed(_MIN)} || {_duration(_MIN)} > duration('0s')",
         message="spec.kvTransfer.tuning.retention.minimum must be positive",

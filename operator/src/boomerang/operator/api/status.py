@@ -76,6 +76,17 @@ class EffectiveKVTransfer(Model):
     retained_percent: int | None = Field(
         None, description="Adaptive: those blocks as a percent of D's KV blocks."
     )
+    tpot_bound_milliseconds: int | None = Field(
+        None,
+        description="Adaptive: the TPOT bound the router chooses paths for (tuning.slo: the "
+        "one set, or derived from its measurements).",
+    )
+    ttft_bound_milliseconds_at1k: int | None = Field(
+        None,
+        alias="ttftBoundMillisecondsAt1kTokens",
+        description="Adaptive: the TTFT bound of a 1,000-token prompt (a derived bound grows "
+        "with the prompt).",
+    )
     observed_at: str | None = Field(
         None,
         description="Adaptive: when the router reported these learned values (RFC 3339); kept "
