@@ -38,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,7 @@ import multiturn_client
 import production_equal
 import production_merge
 import production_report as report
+import production_slo as slo
 import stock
 from bench_ttft import REPO
 from production_engines import (
@@ -104,8 +105,17 @@ def front(s: Sitting, es: Engines, regime: str, name: str, timing: dict[str, Any
         with vllm_proxy(s, es) as url:
             yield url
         return
-    with router(es, f"{regime}-{name}", {**overrides, "timeouts": timing["timeouts"]}) as url:
+    config = {**overrides, "timeouts": timing["timeouts"]}
+    if s.args.tell_tpot and "tuning" in overrides:  # Boomerang's own modes
+        config["tuning"] = {**overrides["tuning"], "tpot_slo_s": told_tpot_s(timing)}
+    with router(es, f"{regime}-{name}", config) as url:
         yield url
+
+
+def told_tpot_s(timing: Mapping[str, Any]) -> float:
+    """The TPOT bound the goodput counts (`production_slo.tpot_slo_s` at its headline scale),
+    as an operator would set it (`tuning.slo.tpot`)."""
+    return slo.tpot_slo_s(timing["slo_basis"], slo.GOODPUT_SCALE)
 
 
 @dataclass
@@ -203,6 +213,7 @@ def one_run(
         ),
         "stall_bound_s": timing["stall_bound_s"],
         "slo_basis": timing["slo_basis"],
+        "told_tpot_s": told_tpot_s(timing) if s.args.tell_tpot else None,
         "p_tokens_per_s_at_1024": timing["p_tokens_per_s_at_1024"],
         "tokens": {r: moved(before[r], after[r]) for r in ("p", "d")},
         "cpu_s": by_role,
@@ -329,6 +340,11 @@ def parse_args() -> argparse.Namespace:
         "--equal", action="store_true",
         help="equal engines only: the peers' policies on Boomerang's engines with "
         "bidirectional off, the default mode and its A/A twin (production_modes.PEERS, AA)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--tell-tpot", action="store_true",
+        help="give Boomerang's modes the TPOT bound the goodput counts (tuning.tpot_slo_s), "
+        "as an operator sets tuning.slo.tpot; the peers have no such setting",
     )  # fmt: skip
     ap.add_argument("--out", type=Path, default=REPO / "connector" / "bench")
     ap.add_argument("--replot", action="store_true", help="tables and chart from OUT only")

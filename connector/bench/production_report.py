@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import math
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -486,6 +486,29 @@ def equal_regimes(res: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     }
 
 
+def run_sizes(res: Mapping[str, Any], regimes: Iterable[str], mode: str) -> str | None:
+    """Per regime, the conversations and follow-ups of a run of `mode` (medians), and what a
+    follow-up p99 then is: with fewer than 100 follow-ups it is about the worst one."""
+    parts = []
+    for regime in regimes:
+        runs = [r for r in res.get("runs", ()) if r["regime"] == regime and r["mode"] == mode]
+        if not runs:
+            continue
+        convs = median(len({rec.get("conversation_id") for rec in r["records"]}) for r in runs)
+        follow = median(sum(1 for rec in r["records"] if _follow_up(rec)) for r in runs)
+        parts.append(f"{regime}: {convs:.0f} conversations and {follow:.0f} follow-ups a run")
+    if not parts:
+        return None
+    return (
+        "; ".join(parts) + ". With fewer than 100 follow-ups a run, a follow-up p99 is about "
+        "the run's worst follow-up (its median over the rounds, the typical worst)."
+    )
+
+
+def _follow_up(record: Mapping[str, Any]) -> bool:
+    return int(record.get("input_num_turns", 1)) > 1
+
+
 def equal_readme_block(res: Mapping[str, Any]) -> str | None:
     """The README's headline once a sitting ran the peers on equal engines: that comparison
     first, the stock one as one line of what the engine fix alone gives (None: no peers ran)."""
@@ -510,6 +533,8 @@ def equal_readme_block(res: Mapping[str, Any]) -> str | None:
         width=96,
     )
     lines = [prose, "", table_, ""]
+    if sizes := run_sizes(res, equal_regimes(res), mode):
+        lines += [textwrap.fill(sizes, width=96), ""]
     fix = engine_fix(res, "follow-up TTFT p50")
     first = engine_fix(res, "first-turn TTFT p50")
     if fix and first:

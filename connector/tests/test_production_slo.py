@@ -162,3 +162,22 @@ def test_a_best_peer_that_never_fired_is_named_for_what_it_ran_as() -> None:
     line = equal.headline({"agentic": modes}, "adaptive", ["decode-first-512@quiet"], "adaptive-aa")
     assert line is not None
     assert "2.00x vs decode-first-512@quiet (never fired: affinity in effect)" in line
+
+
+def test_the_headline_says_how_many_follow_ups_a_p99_is_of_and_leaves_old_routers_out() -> None:
+    """A follow-up p99 over 51 follow-ups is about the worst one: the README says so; an
+    equal sitting kept under a label naming its router is history, not a headline row."""
+    modes = {"affinity@quiet": mode(0.4, 0.02, 500), "adaptive": mode(0.2, 0.02, 500),
+             "adaptive-aa": mode(0.2, 0.02, 500)}  # fmt: skip
+    records = [{"conversation_id": f"c{i % 3}", "input_num_turns": 1 + 2 * (i >= 3)}
+               for i in range(8)]  # fmt: skip
+    res = {
+        "pooled": {"agentic": modes, "agentic, router 6984497": modes},
+        "runs": [{"regime": "agentic", "mode": "adaptive", "records": records}],
+        "default_mode": "adaptive", "client": "vLLM x", "peers": ["affinity@quiet"],
+        "twin": "adaptive-aa", "rounds": 1,
+    }  # fmt: skip
+    assert list(report.equal_regimes(res)) == ["agentic"]
+    block = report.readme_block(res)
+    assert "| agentic, router 6984497 |" not in block
+    assert "agentic: 3 conversations and 5 follow-ups a run" in block

@@ -98,7 +98,7 @@ def test_an_unmeasured_decoder_gets_the_fallback_budget() -> None:
 @pytest.mark.parametrize(("tpot", "expected"), [(0.02, Path.CONTINUE), (0.033, Path.PULL)])
 def test_the_measured_brake_stops_continues_near_the_bound(tpot: float, expected: Path) -> None:
     """The holder's recent streams decode at 20 ms (half the bound) or 33 ms (past 80 %)."""
-    assert BRAKE * 0.040 == pytest.approx(0.032)
+    assert pytest.approx(0.032) == BRAKE * 0.040
     s = dataclasses.replace(follow_up(500), d_tpot_s=tpot)
     assert decide(C, s, B).path is expected
 
