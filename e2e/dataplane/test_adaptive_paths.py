@@ -130,7 +130,8 @@ def test_a_first_turn_p_would_make_late_runs_on_the_decoder_alone(dataplane):
 
     prompt = words(rng, 900)
     tokens, outcome, path, d = turn(dataplane, router, prompt, stream=True)
-    assert outcome == {"miss": 1.0} and path == {"continue": 1.0}, (outcome, path)
+    # no usable history: none found, or the last conversation's handle rejected on the ids
+    assert path == {"continue": 1.0} and set(outcome) <= {"miss", "rejected"}, (outcome, path)
     assert d.get("local_compute", 0.0) >= len(prompt) - 128  # D computed it, no P, no pull
     state = pdclient.get_json(f"{router}/boomerang/v1/state")
     assert state["slo"]["ttft_s"]["1000"] == pytest.approx(1e-3)
