@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import pytest
 from router_testing import chat, filed, post
 from test_paths import paths, router_of, until
 
@@ -61,27 +62,13 @@ async def test_a_first_turn_runs_on_a_decoder_when_p_would_miss_its_bound(world:
     assert [c[0] for c in retention.calls][-2:] == ["filed", "superseded"]
 
 
-async def test_a_follow_up_goes_through_p_once_ds_streams_have_no_slack(world: Any) -> None:
-    """The holder's most stalled live stream has absorbed more than its budget: the continue
-    would push it past its TPOT bound, so the follow-up takes P (the turn is still served)."""
-    w = await world(**ENGINES)
-    router, _ = router_of(w, FAST_D)
-    status, body = await post(w, chat(OPENING, conversation_id="full"))
-    assert status == 200
-    await filed(w, 1)
-    d = only(router.decode.endpoints)
-    d.inflight += 4  # four streams decoding there, one of them stalled for a minute already
-    d.begin()
-    d.stall(60.0)
-    messages = [*OPENING, body["choices"][0]["message"], {"role": "user", "content": "more"}]
-    status, _ = await post(w, chat(messages, conversation_id="full"))
-    assert status == 200
-    counts = await paths(w)
-    assert counts["continue"] == 0 and counts["pull"] + counts["recompute"] == 2
-
-
-async def test_a_follow_up_continues_while_ds_streams_have_slack(world: Any) -> None:
-    """The same, with the decoder's streams unstalled: the follow-up continues."""
+@pytest.mark.parametrize(("stalled_s", "continued"), [(0.0, 1), (60.0, 0)])
+async def test_a_follow_up_continues_only_while_ds_streams_have_slack(
+    world: Any, stalled_s: float, continued: int
+) -> None:
+    """Four streams decode on the holder; the oldest has absorbed nothing, or a minute of
+    stalls (past its budget: the continue would push it past its TPOT bound). The follow-up
+    continues in the first case and takes P in the second (served either way)."""
     w = await world(**ENGINES)
     router, _ = router_of(w, FAST_D)
     status, body = await post(w, chat(OPENING, conversation_id="slack"))
@@ -90,14 +77,22 @@ async def test_a_follow_up_continues_while_ds_streams_have_slack(world: Any) -> 
     d = only(router.decode.endpoints)
     d.inflight += 4
     d.begin()
+    d.stall(stalled_s)
     messages = [*OPENING, body["choices"][0]["message"], {"role": "user", "content": "more"}]
     status, _ = await post(w, chat(messages, conversation_id="slack"))
     assert status == 200
-    await until(lambda: _continued(w, 1))
+    await until(lambda: _served(w, 2))  # counted just after the answer went out
+    counts = await paths(w)
+    assert counts["continue"] == continued
+    assert counts["pull"] + counts["recompute"] == 2 - continued
 
 
 async def _continued(w: Any, n: float) -> bool:
     return (await paths(w))["continue"] == n
+
+
+async def _served(w: Any, n: float) -> bool:
+    return sum((await paths(w)).values()) == n
 
 
 def only(endpoints: dict[str, Any]) -> Any:
