@@ -126,6 +126,34 @@ def stop(pid: int, timeout: float = 60.0, sig: int = signal.SIGTERM) -> None:
         os.killpg(pid, signal.SIGKILL)
     with contextlib.suppress(ChildProcessError, OSError):
         os.waitpid(pid, 0)
+    gone_by = time.monotonic() + GROUP_EXIT_S
+    while group_members(pid) and time.monotonic() < gone_by:
+        time.sleep(0.1)
+
+
+GROUP_EXIT_S = 30.0
+"""How long `stop` waits for a killed group's last process to exit: SIGKILL is delivered at
+once, but a process holding gigabytes takes a moment to go, and until it has, its ports are
+bound. An engine started on the same ports meanwhile dies with "Address already in use" (seen
+here: an engine core left behind held the KV-events port of the next engine set)."""
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group `pgid`, from /proc (empty where
+    there is no /proc: nothing to wait for)."""
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = Path(entry.path, "stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[-1].split()  # state, ppid, pgrp, ...
+            if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+                found.append(int(entry.name))
+    return found
 
 
 def kill(pid: int) -> None:
