@@ -189,7 +189,9 @@ class Shape:
         if self.d_streams < 0:
             raise ValueError(f"need d_streams >= 0, got {self}")
         if not (_valid(self.d_absorbed_s, self.d_stream_tokens, self.d_tpot_s)):
-            raise ValueError(f"need finite d_absorbed_s, d_stream_tokens >= 0, got {self}")
+            raise ValueError(
+                f"need finite d_absorbed_s, d_stream_tokens, d_tpot_s >= 0, got {self}"
+            )
 
     @property
     def _reach(self) -> int:
@@ -318,6 +320,11 @@ class Coefficients:
         """Metric name -> value (`boomerang_router_cost_coefficient{name}`, the state endpoint)."""
         return {k: float(v) for k, v in asdict(self).items() if k != "observations"}
 
+    def on_decoder_s(self, tokens: float) -> float:
+        """A decoder's own prefill of `tokens`: a continued turn's time to first token there
+        (its queue included when counted in), and the stall its other streams see."""
+        return self.d_fixed_s + self.d_compute_s_per_token * tokens
+
     def idle_tpot(self) -> float:
         """The idle decoder's time per token: measured, else the stream fit's intercept."""
         return self.idle_tpot_s if self.idle_tpot_s > 0 else self.stream_s_per_token
@@ -335,7 +342,7 @@ class Coefficients:
         return {
             Path.PULL: pull,
             Path.RECOMPUTE: recompute,
-            Path.CONTINUE: self.d_fixed_s + self.d_compute_s_per_token * on_d,
+            Path.CONTINUE: self.on_decoder_s(on_d),
         }
 
 
@@ -430,7 +437,7 @@ def decide(c: Coefficients, shape: Shape, bounds: Bounds) -> Choice:
         allowed.append(Path.CONTINUE)
     elif shape.holder and bounds.continue_on_decode:
         budget = itl_budget(bounds, shape.d_stream_s)
-        stall = c.d_fixed_s + c.d_compute_s_per_token * on_d - c.stream_handoff_stall_s
+        stall = c.on_decoder_s(on_d) - c.stream_handoff_stall_s
         paid = _overrun_pays(estimate, allowed, stall, budget, shape.d_streams)
         if 0 < on_d <= bounds.continue_max_suffix_tokens and paid is not None:
             allowed.append(Path.CONTINUE)
@@ -496,7 +503,7 @@ def _slo_allows(
     on_d = shape.continue_tokens
     if not bounds.continue_on_decode or not 0 < on_d <= bounds.continue_max_suffix_tokens:
         return False, f"no continue: {on_d} to compute on D" if bounds.continue_on_decode else ""
-    stall = c.d_fixed_s + c.d_compute_s_per_token * on_d
+    stall = c.on_decoder_s(on_d)
     bound = tpot_slo(c, slo)
     if shape.d_streams and shape.d_tpot_s >= BRAKE * bound:
         return False, (

@@ -300,12 +300,7 @@ class Router(Serving):
             p_cached_tokens=min(p_cached, prompt),
             d_held_tokens=min(d_held, prompt),
             p_queue_tokens=max(0.0, turn.p_ep.work) if turn.p_ep is not None else 0.0,
-            d_queue_tokens=max(0.0, holder.prefilling) if holder is not None else 0.0,
-            d_stream_s=holder.stream_s if holder is not None else 0.0,
-            d_streams=max(0, holder.inflight) if holder is not None else 0,
-            d_absorbed_s=holder.absorbed() if holder is not None else 0.0,
-            d_stream_tokens=holder.stream_tokens if holder is not None else 0.0,
-            d_tpot_s=holder.stream_tpot if holder is not None else 0.0,
+            **_decoder_facts(holder),
         )
         if self.paths.adaptive:
             plan = adaptive_plan(facts, self.paths.model, self.paths.bounds())
@@ -349,13 +344,8 @@ class Router(Serving):
             p_cached_tokens=min(p_cached, prompt),
             d_held_tokens=min(self.held_by(turn, d_ep.url) or 0, prompt),
             p_queue_tokens=max(0.0, turn.p_ep.work) if turn.p_ep is not None else 0.0,
-            d_queue_tokens=max(0.0, d_ep.prefilling),
-            d_stream_s=d_ep.stream_s,
-            d_streams=max(0, d_ep.inflight),
-            d_absorbed_s=d_ep.absorbed(),
-            d_stream_tokens=d_ep.stream_tokens,
-            d_tpot_s=d_ep.stream_tpot,
             first_turn=True,
+            **_decoder_facts(d_ep),
         )
         plan = adaptive_plan(facts, self.paths.model, self.paths.bounds())
         if plan.choice is not Path.CONTINUE:
@@ -468,6 +458,21 @@ class Router(Serving):
             log.info("Cancelled turn", extra=turn.summary())
         else:
             log.warning("Failed turn", extra={**turn.summary(), "outcome": outcome})
+
+
+def _decoder_facts(d_ep: Endpoint | None) -> dict[str, Any]:
+    """What the plan knows of the decoder that would serve a turn alone (`Facts`' `d_*`):
+    its queue, its streams and their ledger; nothing without one."""
+    if d_ep is None:
+        return {}
+    return {
+        "d_queue_tokens": max(0.0, d_ep.prefilling),
+        "d_stream_s": d_ep.stream_s,
+        "d_streams": max(0, d_ep.inflight),
+        "d_absorbed_s": d_ep.absorbed(),
+        "d_stream_tokens": d_ep.stream_tokens,
+        "d_tpot_s": d_ep.stream_tpot,
+    }
 
 
 def turn_outcome(turn: Turn) -> str:

@@ -94,8 +94,7 @@ class PathBook:
 
     def continue_stall(self, computed_tokens: int) -> float:
         """What a turn computing `computed_tokens` on a decoder stalls its streams (seconds)."""
-        c = self.model.coefficients()
-        return c.d_fixed_s + c.d_compute_s_per_token * max(0, computed_tokens)
+        return self.model.coefficients().on_decoder_s(max(0, computed_tokens))
 
     def served(self, path: Path) -> None:
         """Count the path that served a turn."""
