@@ -19,6 +19,7 @@ import pytest
 from dataplane.leasing import eventually, held_after_a_step
 from dataplane.turns import moved, reference, reuse, router_completion, same, words
 
+from boomerang.local import calibrate
 from boomerang.local.engine_client import scrape, tokens_by_source, totals
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
@@ -139,3 +140,21 @@ def test_a_first_turn_p_would_make_late_runs_on_the_decoder_alone(dataplane):
     prompt = prompt + tokens + words(rng, SHORT)
     _, outcome, path, _ = turn(dataplane, router, prompt, stream=True)
     assert outcome == {"hit": 1.0}, (outcome, path)  # the handle D filed for its first turn
+
+
+def test_a_fresh_router_probes_the_idle_decoder_for_its_tpot_bound(dataplane):
+    """The SLO-aware choice's TPOT bound is a multiple of an idle decoder's time per token.
+    A router started beside busy traffic never sees an idle stream, so it asks the decoder
+    once (`idle_probe.py`): the time it learns agrees with the benchmark's own measure of the
+    same idle decoder (`calibrate.measure_tpot`), and the bound is that times the scale."""
+    router = dataplane.router("router-probe", tuning={"mode": "adaptive"})
+
+    def probed() -> float:
+        state = pdclient.get_json(f"{router}/boomerang/v1/state")
+        return float(state["coefficients"]["idle_tpot_s"])
+
+    assert eventually(lambda: probed() > 0, within_s=60.0), "the router never probed D"
+    idle = calibrate.measure_tpot(dataplane.d_url, dataplane.model)
+    assert 0.5 * idle <= probed() <= 2.0 * idle, (probed(), idle)
+    slo = pdclient.get_json(f"{router}/boomerang/v1/state")["slo"]
+    assert slo["tpot_s"] == pytest.approx(slo["scale"] * probed())

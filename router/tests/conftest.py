@@ -75,7 +75,8 @@ async def world() -> AsyncIterator[WorldFactory]:
         cfg = {
             "prefill": {"urls": urls["prefill"]},
             "decode": {"urls": urls["decode"]},
-            "health": {"probe_interval_s": 0.2},
+            # The idle decoder probe would add two calls to every D (`test_idle_probe.py`).
+            "health": {"probe_interval_s": 0.2, "idle_probe": False},
             # The fake conversations are a few tokens long: under the engine's default
             # threshold (64) a real P recomputes them, and the router offers P only what it
             # would pull. Tests of the threshold set their own.

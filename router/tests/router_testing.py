@@ -116,6 +116,8 @@ class EngineSpec:
     """Tokens streamed before that error (0: after the role's event, before any token)."""
     chunk_delay_s: float = 0.0
     """Pause between streamed chunks (to test disconnects mid-stream)."""
+    tpot_s: float = 0.0
+    """Time per output token of an answer not streamed (what the router's idle probe times)."""
     chunk_per_token: bool = False
     """Stream one chunk per generated token, as vLLM does (default: one per word, fewer
     chunks for tests); reasoning tokens are then streamed as content."""
@@ -328,6 +330,8 @@ class FakeEngine:
         out = [THINK, *encode(reasoning), END_THINK] if reasoning else []
         out += encode(text)
         limit = body.get("max_tokens") or body.get("max_completion_tokens")
+        while body.get("ignore_eos") and text and limit is not None and len(out) < limit:
+            out += encode(text)  # vLLM's ignore_eos: the answer runs to max_tokens
         if limit is not None and len(out) >= limit:
             out = out[:limit]
             return decode_ids(out), out, "length", ""
@@ -345,6 +349,7 @@ class FakeEngine:
         want_ids = body.get("return_token_ids")
         cached = loaded(params, ids)
         if not body.get("stream"):
+            await asyncio.sleep(self.spec.tpot_s * len(out_ids))
             out = completion_response(body, rid, content, out_ids, finish, ids, want_ids, reasoning)
             out["kv_transfer_params"] = d_params
             out["usage"] = usage(len(ids), len(out_ids), cached)

@@ -40,6 +40,7 @@ from boomerang.router.endpoints import LeastWorkAffinity, Pool, Strategy
 from boomerang.router.errors import ApiError
 from boomerang.router.flow import Router
 from boomerang.router.health import probe_all, run_prober
+from boomerang.router.idle_probe import run_idle_probes
 from boomerang.router.kvevents import Index, KvEvents
 from boomerang.router.leases import LeaseClient, LeaseFailure, Retention
 from boomerang.router.metrics import Metrics
@@ -199,8 +200,8 @@ def _watchers(
 def _background(
     app: web.Application, engines: EngineClient, pools: list[Pool], store: ConversationStore
 ) -> list[asyncio.Task[None]]:
-    """The loops that run for the app's lifetime: probes, store sweeps, key and tuning
-    reloads, retention."""
+    """The loops that run for the app's lifetime: probes (health, and an idle decoder's
+    TPOT for the cost model), store sweeps, key and tuning reloads, retention."""
     config, metrics = app[CONFIG], app[METRICS]
     jobs = [
         run_prober(engines, pools, config, metrics),
@@ -208,6 +209,11 @@ def _background(
         TuningReload(config, metrics).run(),
         app[RETENTION].run(),
     ]
+    if config.health.idle_probe:
+        paths = app[ROUTER].paths  # its model is looked up at each probe: tests replace it
+        jobs.append(
+            run_idle_probes(engines, pools, config, lambda t: paths.model.observe_idle_tpot(t))
+        )
     if KEYS in app:
         jobs.append(_key_poller(app[KEYS], config.api_keys_poll_s, metrics))
     return [asyncio.create_task(job) for job in jobs]

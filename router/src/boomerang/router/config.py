@@ -131,6 +131,12 @@ class HealthConfig(_Model):
     readmit_after_successes: int = Field(
         default=1, ge=1, description="Successful probes that bring an ejected engine back."
     )
+    idle_probe: bool = Field(
+        default=True,
+        description="Time an idle decoder's time per output token once per engine start (two "
+        "short answers on a decoder with nothing of the router's in flight; `idle_probe.py`): "
+        "the SLO-aware choice derives its TPOT bound from it.",
+    )
 
 
 class Tuning(_Model):

@@ -134,6 +134,9 @@ _MEASURED: Final = ("idle_tpot_s", "observations")
 IDLE_WINDOW: Final = 256
 """Streams the idle TPOT is the fastest of: enough to hold a quiet moment of the traffic
 (its start, a gap between bursts), few enough to follow a change of model or hardware."""
+IDLE_PROBES: Final = 16
+"""Probes of an idle decoder the idle TPOT is also the fastest of: a probe runs only while
+the router sends a decoder nothing, so under steady load the last quiet one is kept."""
 IDLE_MIN_TOKENS: Final = 8
 """Shorter streams say little of a time per token (their first step dominates)."""
 
@@ -309,7 +312,8 @@ class Coefficients:
     stream D is decoding: what a refused continue costs D's streams anyway."""
     idle_tpot_s: float = 0.0
     """A decoder's time per output token when nothing slows it: the fastest of the recent
-    streams (`IDLE_WINDOW`), measured, not fitted (0: none yet). The stream fit's own
+    streams (`IDLE_WINDOW`) and of the probes of an idle decoder (`IDLE_PROBES`,
+    `idle_probe.py`), measured, not fitted (0: none yet). The stream fit's own
     intercept is not it: under steady load the batch is always about the same size, so the
     fit cannot tell the per-token time from the batch's share and stays near its prior
     (measured on agentic: 18 ms fitted against 6.6 ms idle)."""
@@ -577,6 +581,7 @@ class CostModel:
         streams = [[t, t * o, a, b] for t in (0.032, 0.256) for o, a, b in joined]
         self._streams = ForgettingFit(theta[8:], streams, **opts)
         self._tpots: deque[float] = deque(maxlen=IDLE_WINDOW)
+        self._probed: deque[float] = deque(maxlen=IDLE_PROBES)
         self._cached: Coefficients | None = None
 
     def _continue_fit(self, prior: list[float]) -> ForgettingFit:
@@ -637,6 +642,12 @@ class CostModel:
             self._streams.add([steps, steps * others, continued, handed_over], seconds)
             self._cached = None
 
+    def observe_idle_tpot(self, seconds_per_token: float) -> None:
+        """An idle decoder's time per output token, probed (`idle_probe.py`)."""
+        if math.isfinite(seconds_per_token) and seconds_per_token > 0:
+            self._probed.append(seconds_per_token)
+            self._cached = None
+
     def coefficients(self) -> Coefficients:
         """The current estimates (the priors until observed), with observations per leg; the
         continue leg's per-token cost is P's measured one until it has its own (module docs)."""
@@ -659,7 +670,7 @@ class CostModel:
                 stream_s_per_token_per_other=st[1] / _K,
                 stream_continue_stall_s=st[2],
                 stream_handoff_stall_s=st[3],
-                idle_tpot_s=min(self._tpots, default=0.0),
+                idle_tpot_s=min((*self._tpots, *self._probed), default=0.0),
                 observations=dict(zip(_LEGS, counts, strict=True)),
             )
         return self._cached

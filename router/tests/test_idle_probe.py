@@ -1,0 +1,126 @@
+"""The idle decoder probe (`idle_probe.py`): which decoders are probed and when (a table), what
+the cost model keeps of a probe, and the probe through the router against a fake decoder that
+takes a known time per token: the derived TPOT bound follows the probe, not the streams."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from router_testing import chat, post
+
+from boomerang.connector import router_state
+from boomerang.router.app import ROUTER
+from boomerang.router.costmodel import CostModel
+from boomerang.router.endpoints import Endpoint
+from boomerang.router.idle_probe import PROBE_TOKENS, probe_plan
+
+
+def decoder(**state: Any) -> Endpoint:
+    ep = Endpoint(url=state.pop("url", "http://d0"), role="decode")
+    ep.probed_ok, ep.identified = True, True
+    for key, value in state.items():
+        setattr(ep, key, value)
+    return ep
+
+
+def prefill(**state: Any) -> Endpoint:
+    ep = Endpoint(url="http://p0", role="prefill")
+    ep.probed_ok, ep.identified = True, True
+    for key, value in state.items():
+        setattr(ep, key, value)
+    return ep
+
+
+@pytest.mark.parametrize(
+    ("d_state", "p_state", "probed", "chosen"),
+    [
+        ({}, {}, {}, True),  # ready, idle, never probed
+        ({}, {}, {"http://d0": 0.0}, False),  # probed since it joined
+        ({"lost_at": 50.0}, {}, {"http://d0": 0.0}, True),  # lost and back: probed again
+        ({"inflight": 1}, {}, {}, False),  # a turn of ours in flight there
+        ({"live": {1: 0.0}}, {}, {}, False),  # a stream of ours decoding there
+        ({"ejected": True}, {}, {}, False),
+        ({"probed_ok": False}, {}, {}, False),  # not yet healthy
+        ({"identified": False}, {}, {}, False),  # its /metrics not read: revision unknown
+        ({"revision": "b"}, {"revision": "a"}, {}, False),  # no P it would pair with
+        ({}, {"ejected": True}, {}, False),  # no ready P: it serves no turn
+    ],
+)
+def test_which_decoders_are_probed(
+    d_state: dict[str, Any], p_state: dict[str, Any], probed: dict[str, float], chosen: bool
+) -> None:
+    d = decoder(**d_state)
+    assert probe_plan([d], [prefill(**p_state)], dict(probed)) == ([d] if chosen else [])
+
+
+def test_the_idle_tpot_is_the_fastest_of_probes_and_streams() -> None:
+    model = CostModel()
+    assert model.coefficients().idle_tpot_s == 0.0
+    model.observe_stream(65, 0, 0, 3.0, 64 * 0.015)  # a loaded stream: 15 ms a token
+    assert model.coefficients().idle_tpot_s == pytest.approx(0.015)
+    model.observe_idle_tpot(0.006)
+    assert model.coefficients().idle_tpot_s == pytest.approx(0.006)
+    model.observe_idle_tpot(0.009)  # a probe another router's traffic slowed
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        model.observe_idle_tpot(bad)
+    assert model.coefficients().idle_tpot_s == pytest.approx(0.006)
+    model.observe_stream(65, 0, 0, 0.0, 64 * 0.004)  # a stream faster still
+    assert model.coefficients().idle_tpot_s == pytest.approx(0.004)
+
+
+async def _state(w: Any) -> dict[str, Any]:
+    resp = await w.client.get(router_state.PATH)
+    assert resp.status == 200
+    data: dict[str, Any] = await resp.json()
+    return data
+
+
+async def _probed(w: Any, d: int = 0) -> list[dict[str, Any]]:
+    """D's calls that are probes (no kv_transfer_params, ignore_eos), once both are in."""
+    for _ in range(300):
+        calls = [c for c in w.decode[d].calls if c.get("ignore_eos")]
+        if len(calls) >= 2:
+            return calls
+        await asyncio.sleep(0.02)
+    return [c for c in w.decode[d].calls if c.get("ignore_eos")]
+
+
+async def test_the_router_probes_an_idle_decoder_and_derives_its_tpot_bound_from_it(
+    world: Any,
+) -> None:
+    w = await world(
+        decode_spec={"tpot_s": 0.01},
+        health={"probe_interval_s": 0.05, "idle_probe": True},
+        tuning={"mode": "adaptive"},
+    )
+    calls = await _probed(w)
+    assert [c["max_tokens"] for c in calls] == [1, 1 + PROBE_TOKENS]
+    assert calls[0]["prompt"] == calls[1]["prompt"]  # one prompt: both prefill alike
+    assert all("kv_transfer_params" not in c for c in calls)  # a plain request, D keeps nothing
+    model = w.client.server.app[ROUTER].paths.model
+    for _ in range(100):
+        if model.coefficients().idle_tpot_s:
+            break
+        await asyncio.sleep(0.02)
+    measured = model.coefficients().idle_tpot_s
+    assert 0.009 <= measured <= 0.03, measured  # 10 ms a token, the event loop's noise above
+    slo = (await _state(w))[router_state.SLO]
+    assert slo["tpot_s"] == pytest.approx(slo["scale"] * measured)
+    # Once per engine start: turns served, more probe rounds, no second probe
+    status, _ = await post(w, chat([{"role": "user", "content": "hello there"}]))
+    assert status == 200
+    await asyncio.sleep(0.3)
+    assert len([c for c in w.decode[0].calls if c.get("ignore_eos")]) == 2
+
+
+async def test_no_probe_when_turned_off(world: Any) -> None:
+    w = await world(
+        decode_spec={"tpot_s": 0.01}, health={"probe_interval_s": 0.05, "idle_probe": False}
+    )
+    status, _ = await post(w, chat([{"role": "user", "content": "hello there"}]))
+    assert status == 200
+    await asyncio.sleep(0.3)
+    assert w.decode[0].calls  # the turn reached D
+    assert not [c for c in w.decode[0].calls if c.get("ignore_eos")]
