@@ -22,10 +22,14 @@ from boomerang.router import blockhash
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 
-def stored(ids: list[int], block_size: int, first: int = 0) -> dict[str, Any]:
+def stored(
+    ids: list[int], block_size: int, first: int = 0, salt: str | None = None
+) -> dict[str, Any]:
     """vLLM's event for the whole blocks of `ids` from block `first` on (the earlier ones
-    stored before: the event names the last of them as the parent)."""
-    hashes = blockhash.prompt_hashes(ids, block_size)
+    stored before: the event names the last of them as the parent), of a request salted
+    `salt`: its first block's extra keys carry the bare salt, as vLLM publishes them."""
+    hashes = blockhash.prompt_hashes(ids, block_size, salt=salt)
+    extra = [[salt] if salt and i == 0 else None for i in range(first, len(hashes))]
     return {
         "type": "BlockStored",
         "block_hashes": hashes[first:],
@@ -35,6 +39,7 @@ def stored(ids: list[int], block_size: int, first: int = 0) -> dict[str, Any]:
         "lora_id": None,
         "medium": "GPU",
         "lora_name": None,
+        "extra_keys": extra if any(extra) else None,
     }
 
 

@@ -57,6 +57,8 @@ from boomerang.connector.config import (
     ENGINE_CAPABILITY_METRIC,
     ENGINE_REVISION_METRIC,
 )
+from boomerang.router.auth import ANONYMOUS
+from boomerang.router.cache_salt import engine_salt
 
 __all__ = ["EngineSpec", "Fabric", "FakeEngine", "Held", "free_port", "wait_port"]
 
@@ -508,9 +510,12 @@ async def trickle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
         await asyncio.sleep(0.05)
 
 
-def d_caches(w: Any, tokens: list[int], i: int = 0, role: str = "decode") -> None:
-    """Engine i of `role` holds `tokens` in its prefix cache, as its KV events would have told
-    the router's index (the fake engines publish none)."""
+def d_caches(
+    w: Any, tokens: list[int], i: int = 0, role: str = "decode", tenant: str = ANONYMOUS
+) -> None:
+    """Engine i of `role` holds `tokens` in its prefix cache, stored by a request of `tenant`
+    (salted as the router salts it), as its KV events would have told the router's index (the
+    fake engines publish none)."""
     from boomerang.router import blockhash
     from boomerang.router.app import ROUTER
 
@@ -520,7 +525,8 @@ def d_caches(w: Any, tokens: list[int], i: int = 0, role: str = "decode") -> Non
     url = str(w.servers[offset + i].make_url("")).rstrip("/")
     bit = router.kv.engines.bit(url)
     router.kv.block_size = spec.block_size
-    for h in blockhash.prompt_hashes(tokens, spec.block_size):
+    salt = engine_salt(tenant) if router.config.tenant_cache_salt else None
+    for h in blockhash.prompt_hashes(tokens, spec.block_size, salt=salt):
         router.kv.blocks.add(h, bit)
 
 

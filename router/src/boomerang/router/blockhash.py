@@ -7,9 +7,11 @@ processes by design (sha256 over the pickled `(parent hash, block token ids, ext
 chained from a root derived from a fixed seed, `vllm.v1.core.kv_cache_utils`), and its events
 carry the last 8 bytes of each digest as an integer. This module computes that chain.
 
-Only plain text blocks are named (no LoRA, multimodal inputs or cache salt: their extra keys
-change the hash); a request with those simply finds nothing in the index, which costs a cache
-miss, never correctness: the index only steers routing.
+Plain text blocks are named, with the request's cache salt where it has one (vLLM puts it in
+the first block's extra keys, `("cache_salt", salt)`, and the chain carries it on; the router
+salts every tenant's requests, `cache_salt.py`). LoRA and multimodal inputs are not: their
+extra keys change the hash, and a request with those simply finds nothing in the index, which
+costs a cache miss, never correctness: the index only steers routing.
 
 The router checks the scheme against every event that starts a chain (`verify_stored`): the
 events carry the blocks' token ids, so a vLLM that hashes otherwise (another algorithm, a
@@ -45,28 +47,41 @@ def external(digest: bytes) -> int:
 
 
 def chain(
-    token_ids: Sequence[int], block_size: int, seed: str = DEFAULT_SEED, parent: bytes | None = None
+    token_ids: Sequence[int],
+    block_size: int,
+    seed: str = DEFAULT_SEED,
+    parent: bytes | None = None,
+    salt: str | None = None,
 ) -> list[bytes]:
-    """The full digests of the whole blocks of `token_ids`, chained from `parent` (the root)."""
+    """The full digests of the whole blocks of `token_ids`, chained from `parent` (the root:
+    then the first block carries `salt`, a request's `cache_salt`, as vLLM's extra key)."""
     if block_size <= 0:
         return []
     prev = parent or root(seed)
+    extra = (("cache_salt", salt),) if salt and parent is None else None
     out = []
     for at in range(0, len(token_ids) - block_size + 1, block_size):
-        prev = _digest((prev, tuple(token_ids[at : at + block_size]), None))
+        prev = _digest((prev, tuple(token_ids[at : at + block_size]), extra))
+        extra = None
         out.append(prev)
     return out
 
 
-def prompt_hashes(token_ids: Sequence[int], block_size: int, seed: str = DEFAULT_SEED) -> list[int]:
+def prompt_hashes(
+    token_ids: Sequence[int], block_size: int, seed: str = DEFAULT_SEED, salt: str | None = None
+) -> list[int]:
     """The prompt's block hashes as events name them, first block first."""
-    return [external(d) for d in chain(token_ids, block_size, seed)]
+    return [external(d) for d in chain(token_ids, block_size, seed, salt=salt)]
 
 
 def verify_stored(
-    hashes: Sequence[int], token_ids: Sequence[int], block_size: int, seed: str = DEFAULT_SEED
+    hashes: Sequence[int],
+    token_ids: Sequence[int],
+    block_size: int,
+    seed: str = DEFAULT_SEED,
+    salt: str | None = None,
 ) -> bool:
     """Whether a stored chain that starts at the root hashes as this module does."""
     if len(hashes) * block_size != len(token_ids):
         return False
-    return prompt_hashes(token_ids, block_size, seed) == list(hashes)
+    return prompt_hashes(token_ids, block_size, seed, salt) == list(hashes)

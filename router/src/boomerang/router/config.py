@@ -323,6 +323,12 @@ class RouterConfig(_Model):
         description="Without API keys: take the tenant from this request header (only behind a "
         "gateway that sets it and strips it from clients).",
     )
+    tenant_cache_salt: bool = Field(
+        default=True,
+        description="Give each tenant's requests their own vLLM `cache_salt` (`cache_salt.py`), "
+        "so no cached-token count or timing reveals another tenant's prompt prefix; false: "
+        "tenants share cached prefixes.",
+    )
     engine_api_key: str | None = Field(
         default=None,
         description="Bearer key for engines started with --api-key; prefer env "

@@ -31,6 +31,7 @@ from aiohttp import web
 from boomerang.connector.config import CONTINUE_CAPABILITY
 from boomerang.router import apis, decode_first, degraded
 from boomerang.router import conversation as conv
+from boomerang.router.cache_salt import salt_request
 from boomerang.router.claims import may_offer
 from boomerang.router.costmodel import Path
 from boomerang.router.decode import ClientGone
@@ -58,6 +59,8 @@ class Router(Serving):
 
     async def handle(self, request: web.Request, req: ClientRequest, tenant: str) -> Any:
         """Serve one request (any API, `apis/`); returns the response already sent."""
+        if self.config.tenant_cache_salt:  # before any engine call: every leg sends it
+            salt_request(req.body, tenant)
         turn = Turn(req, tenant)
         claim: Task[Claim] | None = None
         try:

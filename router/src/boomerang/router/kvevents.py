@@ -11,8 +11,9 @@ keeps the last batches for replay on a ROUTER socket. One task per engine follow
   cache), what the index holds for that engine is dropped and rebuilt from what comes;
 - `AllBlocksCleared` drops the engine's entries; `BlockStored` and `BlockRemoved` of the
   engine's own KV cache (medium GPU, the CPU build included) and its first KV cache group are
-  applied; blocks with extra keys (LoRA, multimodal inputs, a cache salt) are not, since the
-  router cannot name them from a prompt (`blockhash.py`).
+  applied, a cache salt on a chain's first block included (every tenant's requests carry
+  one, `cache_salt.py`); blocks with other extra keys (LoRA, multimodal inputs) are not, since
+  the router cannot name them from a prompt (`blockhash.py`).
 Every stored chain that starts at the root is checked against the router's own hashing; one
 mismatch makes the index unusable (`usable` false, a warning and a metric), and the router
 routes as if it had none, by placement alone (`affinity.py`).
@@ -63,6 +64,25 @@ def endpoints(url: str, cfg: KvEventsConfig) -> tuple[str, str] | None:
     )
 
 
+def _salt_if_nameable(event: dict[str, Any]) -> str | bool | None:
+    """The cache salt a stored event's blocks were hashed with (None: none), or False when the
+    router cannot name them: a LoRA, or extra keys other than a salt on a chain's first block.
+    Events carry one untagged extra-keys entry per block (a salt as its bare string; msgpack
+    gives tuples back as lists)."""
+    if event.get("lora_name"):
+        return False
+    extra = event.get("extra_keys") or []
+    first = extra[0] if extra else None
+    if any(e for e in extra[1:]):
+        return False
+    if not first:
+        return None
+    root_block = event.get("parent_block_hash") is None
+    if root_block and isinstance(first, list | tuple) and len(first) == 1:
+        return first[0] if isinstance(first[0], str) and first[0] else False
+    return False
+
+
 class Index:
     """The index, the engines' bits, and whether the router's hashing matches theirs."""
 
@@ -95,16 +115,12 @@ class Index:
         if kind == "BlockRemoved":
             for h in hashes:
                 self.blocks.remove(h, bit)
-        elif kind == "BlockStored" and self._nameable(event):
-            self._check(event, hashes)
+        elif kind == "BlockStored" and (salt := _salt_if_nameable(event)) is not False:
+            self._check(event, hashes, salt)
             for h in hashes:
                 self.blocks.add(h, bit)
 
-    def _nameable(self, event: dict[str, Any]) -> bool:
-        extra = event.get("extra_keys")
-        return not event.get("lora_name") and not (extra and any(e for e in extra))
-
-    def _check(self, event: dict[str, Any], hashes: list[int]) -> None:
+    def _check(self, event: dict[str, Any], hashes: list[int], salt: str | None) -> None:
         size = event.get("block_size")
         if not isinstance(size, int) or size <= 0:
             return
@@ -112,7 +128,7 @@ class Index:
         ids = event.get("token_ids") or []
         if event.get("parent_block_hash") is not None or not self.usable:
             return
-        if not blockhash.verify_stored(hashes, ids, size, self.seed):
+        if not blockhash.verify_stored(hashes, ids, size, self.seed, salt):
             self.usable = False
             self._metrics.kv_index_usable.set(0)
             log.warning(
@@ -134,11 +150,12 @@ class Index:
         """Whether the index can answer: the hashing matches and an engine said its block size."""
         return self.usable and self.block_size is not None
 
-    def hashes(self, token_ids: Sequence[int]) -> list[int] | None:
-        """The prompt's block hashes as the engines name them (None: the index cannot say)."""
+    def hashes(self, token_ids: Sequence[int], salt: str | None = None) -> list[int] | None:
+        """The prompt's block hashes as the engines name them, for a request salted `salt`
+        (None: the index cannot say)."""
         if not self.usable or not self.block_size:
             return None
-        return blockhash.prompt_hashes(token_ids, self.block_size, self.seed)
+        return blockhash.prompt_hashes(token_ids, self.block_size, self.seed, salt)
 
     def cached_tokens(self, hashes: Sequence[int] | None, urls: Iterable[str]) -> dict[str, int]:
         """For each engine, how many leading tokens of the prompt (`hashes`) it holds in

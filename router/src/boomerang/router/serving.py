@@ -125,7 +125,7 @@ class Serving:
         if turn.prompt_ids is None or self.kv is None:
             return None
         if turn.block_hashes is None:
-            turn.block_hashes = self.kv.hashes(turn.prompt_ids)
+            turn.block_hashes = self.kv.hashes(turn.prompt_ids, turn.cache_salt)
         return turn.block_hashes
 
     def pick_prefill(self, turn: Turn, candidates: Sequence[Endpoint]) -> Endpoint:
@@ -295,7 +295,8 @@ class Serving:
         if turn.prompt_ids is not None:
             hashes = self._hashes(turn)
         else:
-            hashes = self.kv.hashes(result.prompt_ids) if result.prompt_ids else None
+            ids = result.prompt_ids
+            hashes = self.kv.hashes(ids, turn.cache_salt) if ids else None
         return hashes[-1] if hashes else None
 
     def place(self, turn: Turn, result: DecodeResult, d_ep: Endpoint) -> None:

@@ -124,6 +124,7 @@ class Turn:
     prompt_ids: list[int] | None = None
     block_hashes: list[int] | None = None
     """The prompt's blocks as the engines' KV events name them (`serving.Serving._hashes`)."""
+
     first_sent: bool = False
     first_at: float = 0.0
     """`perf_counter` when the client got the first byte (0: not yet)."""
@@ -287,6 +288,12 @@ class Turn:
         self.reuse = None
         if self.outcome in ATTACHED:
             self.outcome = Outcome.FALLBACK
+
+    @property
+    def cache_salt(self) -> str | None:
+        """The salt the engines get for this request (`cache_salt.py`; None: unsalted)."""
+        salt = self.req.body.get("cache_salt")
+        return salt if isinstance(salt, str) and salt else None
 
     @property
     def reused_tokens(self) -> int:

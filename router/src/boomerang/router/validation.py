@@ -94,12 +94,33 @@ def _check_int_range(value: Any, where: str) -> None:
             _check_int_range(item, f"{where}[{i}]")
 
 
+CACHE_SALT_MAX = 128
+_SALT_FORBIDDEN = frozenset("@/\\\0")
+
+
+def _check_cache_salt(value: Any) -> None:
+    """vLLM's own rule for `cache_salt` (a non-empty string of at most 128 characters, none
+    of `@`, `/`, `\\`, NUL), checked here because the router sends the engines a digest of it
+    (`cache_salt.py`), which vLLM would never refuse."""
+    if value is None:
+        return
+    if not isinstance(value, str) or not value:
+        raise bad_request("`cache_salt` must be a non-empty string", "cache_salt")
+    if len(value) > CACHE_SALT_MAX or any(c in _SALT_FORBIDDEN for c in value):
+        raise bad_request(
+            "`cache_salt` must be at most 128 characters and must not contain '@', '/', "
+            "'\\\\' or NUL",
+            "cache_salt",
+        )
+
+
 def client_body(data: dict[str, Any]) -> dict[str, Any]:
     """The body an engine may get of a client's: without the router's fields and the
     engine-internal ones, wherever a client can put them. vLLM also reads `kv_transfer_params`
     from `vllm_xargs` (its sampling params' extra args) when the top-level field is absent, as
     on one engine alone: a client's params there would reach the engine's connector."""
     body = {k: v for k, v in data.items() if k not in ROUTER_FIELDS and k not in INTERNAL_FIELDS}
+    _check_cache_salt(body.get("cache_salt"))
     xargs = body.get("vllm_xargs")
     if isinstance(xargs, dict) and any(k in xargs for k in INTERNAL_FIELDS):
         body["vllm_xargs"] = {k: v for k, v in xargs.items() if k not in INTERNAL_FIELDS}
