@@ -33,7 +33,18 @@ def _cached(router: str, model: str, key: str, doc: str, question: str) -> int:
 
 def _document(seed: int) -> str:
     rng = random.Random(seed)
-    vocabulary = "harbour tide lantern ledger copper orchard meridian sable quarry vellum".split()
+    vocabulary = [
+        "harbour",
+        "tide",
+        "lantern",
+        "ledger",
+        "copper",
+        "orchard",
+        "meridian",
+        "sable",
+        "quarry",
+        "vellum",
+    ]
     return " ".join(rng.choice(vocabulary) + str(rng.randrange(100)) for _ in range(DOC_WORDS))
 
 
