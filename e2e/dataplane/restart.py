@@ -21,6 +21,12 @@ def restart_decoder(dataplane, router: str, env: dict[str, str] | None = None) -
     """D again with `env` added to its environment (None: as the session started it), once
     the router readmits it and has read its `/metrics`."""
     dataplane.kill("decode")
+    start_decoder(dataplane, router, env)
+
+
+def start_decoder(dataplane, router: str, env: dict[str, str] | None = None) -> None:
+    """Start the session's D again (after it was killed), with `env` added to its
+    environment, and wait until `router` readmits it and has read its `/metrics`."""
     spec = dataplane.specs["decode"]
     if env:
         spec = dataclasses.replace(spec, env={**spec.env, **env})

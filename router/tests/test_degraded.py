@@ -171,7 +171,8 @@ async def test_without_a_prefill_engine_decode_alone_serves_the_turn(
     body = {**body, "stream": streamed}
     got = await routed(w, body, path)
     d_call = w.decode[0].calls[-1]
-    assert "kv_transfer_params" not in d_call and "return_token_ids" not in d_call
+    assert "kv_transfer_params" not in d_call
+    assert d_call["return_token_ids"] is True  # a stream that dies can be carried over
     assert got == await direct(w, "decode", body, path)  # relayed as the engine answered
     assert w.prefill[0].calls == []
     assert await degraded(w, "prefill") == 1 and await degraded(w, "decode") == 0
@@ -198,7 +199,8 @@ async def test_without_a_decode_engine_prefill_alone_serves_the_turn(
     body = {**body, "stream": streamed}
     got = await routed(w, body, path)
     (p_call,) = w.prefill[0].calls
-    assert "kv_transfer_params" not in p_call and "return_token_ids" not in p_call
+    assert "kv_transfer_params" not in p_call
+    assert p_call["return_token_ids"] is True  # a stream that dies can be carried over
     assert p_call.get("max_tokens") == body.get("max_tokens")  # the whole answer, not 1 token
     assert got == await direct(w, "prefill", body, path)
     assert w.decode[0].calls == []

@@ -323,6 +323,12 @@ class RouterConfig(_Model):
         description="Without API keys: take the tenant from this request header (only behind a "
         "gateway that sets it and strips it from clients).",
     )
+    migrate_streams: bool = Field(
+        default=True,
+        description="Carry a stream whose engine dies after the first byte over to another "
+        "engine (the prompt and the tokens streamed, as ids; `migration.py`), so the client "
+        "sees one answer; false: end it with an error event.",
+    )
     tenant_cache_salt: bool = Field(
         default=True,
         description="Give each tenant's requests their own vLLM `cache_salt` (`cache_salt.py`), "

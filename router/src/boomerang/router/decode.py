@@ -12,7 +12,8 @@ flow because it is the only code that writes an answer to the client.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
@@ -21,6 +22,7 @@ from aiohttp import HttpVersion11, web
 from boomerang.router import apis, protocol, sse, usage
 from boomerang.router.apis import DecodeResult, EventStream
 from boomerang.router.config import Timeouts
+from boomerang.router.migration import MAX_MIGRATIONS, Translator, chunk_base
 from boomerang.router.upstream import (
     EngineClient,
     EngineStream,
@@ -35,6 +37,19 @@ from boomerang.router.validation import ClientRequest, Kind
 
 class ClientGone(Exception):
     """The client disconnected while the answer was being written."""
+
+
+@dataclass
+class Carried:
+    """The rest of a stream on another engine (`migration.py`): its stream, and what to call
+    once it is over (the engine's in-flight count)."""
+
+    stream: EngineStream
+    done: Callable[[], None]
+
+
+Carry = Callable[[DecodeResult, Exception], Awaitable[Carried | None]]
+"""Open the rest of a stream whose engine died on another engine (None: none took it)."""
 
 
 def in_band_error(error: Any) -> UpstreamError:
@@ -62,10 +77,12 @@ async def call_and_answer(
     t: Timeouts,
     on_first: Callable[[], None],
     cached: usage.Cached = "own",
+    carry: Carry | None = None,
 ) -> DecodeResult:
     """POST `call` (url, body, request id) to an engine and answer the client in `mode`
     (json, buffer, stream); raises UpstreamError while the client has not got a byte. The
-    client's usage says `cached` prompt tokens were not computed for the turn (`usage.py`)."""
+    client's usage says `cached` prompt tokens were not computed for the turn (`usage.py`).
+    A stream whose engine dies after the first byte goes on through `carry`, if given."""
     url, body, request_id = call
     limit = timeout(t.decode_total_s, t.connect_s)
     api = apis.of(req.kind)
@@ -78,13 +95,16 @@ async def call_and_answer(
             else NamedStreamRelay(events, on_first)
         )
         relay.reported = (req.kind, cached)
+        relay.carry, relay.include_usage = carry, req.include_usage
         try:
             return await relay.run(request, resp, t.decode_first_byte_s)
         except (ClientGone, asyncio.CancelledError):
             resp.close()  # aborts the upstream request: vLLM stops generating
+            relay.end_carried(abort=True)
             raise
         finally:
             resp.release()
+            relay.end_carried()
     data = await post_json(engines, url, body, limit, request_id)
     result = api.result_from_response(data)
     usage.rewrite(req.kind, data, cached, result.params)
@@ -175,6 +195,24 @@ class StreamRelay:
         """A chunk carried reasoning text (generated, though not the answer's content)."""
         self.reported: tuple[Kind, usage.Cached] = ("chat", "own")
         """The API, and the cached tokens its usage reports (`usage.rewrite`)."""
+        self.carry: Carry | None = None
+        """How to go on on another engine when D dies mid-stream (None: end with an error)."""
+        self.include_usage = False
+        """The client asked for the usage chunk (a carried-over stream always gets one)."""
+        self._carrying: Exception | None = None
+        """D died mid-stream: the task carries the stream over."""
+        self._carried: Carried | None = None
+        self._translate: Translator | None = None
+        """The carried-over stream's chunks as the client's API writes them."""
+        self._base: dict[str, Any] = {}
+        """The first engine's chunk id, object, creation time and model."""
+
+    def end_carried(self, abort: bool = False) -> None:
+        """Release (or, `abort`, close) the carried-over stream, if any (idempotent)."""
+        carried, self._carried = self._carried, None
+        if carried is not None:
+            (carried.stream.close if abort else carried.stream.release)()
+            carried.done()
 
     async def run(
         self, request: web.Request, resp: EngineStream, first_byte_s: float
@@ -213,7 +251,9 @@ class StreamRelay:
                 self._client = sse.ChunkWriter(request, chunked)
                 self._write_out()
         while self._tail is None and self._failure is None:
-            if self._paused:
+            if self._carrying is not None:
+                await self._carry_over()
+            elif self._paused:
                 await request.writer.drain()
                 self._paused = False
                 assert self._stream is not None
@@ -226,6 +266,28 @@ class StreamRelay:
         if self._failure is not None:
             raise self._failure
         await out.write_eof(self._take() + (self._tail or b""))
+
+    async def _carry_over(self) -> None:
+        """D died after the client's first byte: go on on another engine (`carry`), or end
+        the client's stream with the error event."""
+        exc, self._carrying = self._carrying, None
+        assert exc is not None and self.carry is not None
+        if self._paused and self._stream is not None:
+            self._stream.resume_reading()  # the dead one's connection is dropped anyway
+        self._paused = False
+        self.end_carried(abort=True)  # a carried-over stream that died in turn
+        self.result.carried_over += 1
+        prompt = self.result.prompt_ids
+        carried = await self.carry(self.result, exc) if prompt is not None else None
+        if carried is None or prompt is None:
+            self._end_failed(exc)
+            return
+        self._carried, self._stream = carried, carried.stream
+        kind = self.reported[0]
+        streamed = len(self.result.output_ids)
+        self._translate = Translator(kind, self._base, len(prompt), streamed, self.include_usage)
+        self._events = sse.EventSplitter()
+        carried.stream.divert(self._on_data, self._on_end)
 
     async def _wait(self) -> None:
         self._waiter = asyncio.get_running_loop().create_future()
@@ -242,8 +304,8 @@ class StreamRelay:
 
     def _on_data(self, data: bytes) -> None:
         """One read of D's stream: collect, queue what the client sees, write it if live."""
-        if self._tail is not None or self._failure is not None:
-            return  # after [DONE]: ignored
+        if self._tail is not None or self._failure is not None or self._carrying is not None:
+            return  # after [DONE] (or D's death): ignored
         try:
             if events := self._events.feed(data):
                 self._take_events(events)
@@ -253,10 +315,12 @@ class StreamRelay:
             self._failure = exc
         if self._client is None or self._paused or self._tail is not None or self._failure:
             self._wake()  # only for what the task waits for: no wake-up per read
+        elif self._carrying is not None:
+            self._wake()
 
     def _on_end(self, error: UpstreamError | None) -> None:
         """D's stream ended (a failure, or the body's end with or without [DONE])."""
-        if self._tail is not None or self._failure is not None:
+        if self._tail is not None or self._failure is not None or self._carrying is not None:
             return
         try:
             if error is None and (events := self._events.close()):
@@ -265,8 +329,10 @@ class StreamRelay:
                 pass
             elif not self._started:
                 self._failure = error or UpstreamError("protocol", "empty stream")
-            elif error is not None:
+            elif error is not None and (self.carry is None or not self.result.finished):
                 self._fail_mid(error)
+            elif self.carry is not None and not self.result.finished:
+                self._fail_mid(UpstreamError("protocol", "the stream ended before its end"))
             else:
                 self._tail = self.END  # ended without its last event
         except Exception as exc:
@@ -280,10 +346,28 @@ class StreamRelay:
             if not self._started:
                 return
         try:
-            if self._emit_all(events):
+            ended = self._emit_checked(events) if self.carry else self._emit_all(events)
+            if ended:
                 self._tail = self.END
         except ValueError as exc:
             self._fail_mid(exc)
+
+    def _emit_checked(self, events: list[bytes]) -> bool:
+        """`_emit` each event up to [DONE], for a stream that may be carried over: an in-band
+        error is the engine failing (`_fail_mid`), and a carried-over stream's events are
+        written as the client's API writes them."""
+        for data in events:
+            chunk = sse.decode(data)
+            if chunk is sse.DONE:
+                return True
+            if (refused := self._refusal(chunk)) is not None:
+                self._fail_mid(refused)
+                return False
+            if self._translate is None:
+                self._emit(data, chunk)
+            elif isinstance(chunk, dict) and (out := self._translate(chunk)) is not None:
+                self._emit(orjson.dumps(out), out)
+        return False
 
     def _hold(self, events: list[bytes]) -> list[bytes]:
         """Before D generated anything, events are queued, not committed: vLLM reports a
@@ -346,7 +430,16 @@ class StreamRelay:
         return sse.error_event(message, status)
 
     def _fail_mid(self, exc: Exception) -> None:
-        """D failed after its first event: the client's stream ends with an error event."""
+        """D failed after its first event: the task carries the stream over to another engine
+        (`carry`, up to `MAX_MIGRATIONS` times), else the client's stream ends with an error
+        event."""
+        if self.carry is not None and self.result.carried_over < MAX_MIGRATIONS:
+            self._carrying = exc
+            self.result.finished = False
+            return
+        self._end_failed(exc)
+
+    def _end_failed(self, exc: Exception) -> None:
         self._tail = self._error_event(f"decode engine failed mid-stream: {exc!r}", 502)
         self.result.finished = False
 
@@ -390,6 +483,8 @@ class StreamRelay:
         was stripped (None: nothing of it is for the client)."""
         if not isinstance(chunk, dict):
             return None
+        if not self._base:
+            self._base = chunk_base(chunk)
         params: dict[str, Any] | None = None
         if "kv_transfer_params" in chunk and (params := protocol.kv_params_of(chunk)):
             self.result.params = params

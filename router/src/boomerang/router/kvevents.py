@@ -64,23 +64,24 @@ def endpoints(url: str, cfg: KvEventsConfig) -> tuple[str, str] | None:
     )
 
 
-def _salt_if_nameable(event: dict[str, Any]) -> str | bool | None:
-    """The cache salt a stored event's blocks were hashed with (None: none), or False when the
-    router cannot name them: a LoRA, or extra keys other than a salt on a chain's first block.
-    Events carry one untagged extra-keys entry per block (a salt as its bare string; msgpack
-    gives tuples back as lists)."""
+def _nameable(event: dict[str, Any]) -> tuple[bool, str | None]:
+    """Whether the router can name a stored event's blocks, and the cache salt they were
+    hashed with (None: none). Not nameable: a LoRA, or extra keys other than a salt on a
+    chain's first block. Events carry one untagged extra-keys entry per block (a salt as its
+    bare string; msgpack gives tuples back as lists)."""
     if event.get("lora_name"):
-        return False
+        return False, None
     extra = event.get("extra_keys") or []
     first = extra[0] if extra else None
     if any(e for e in extra[1:]):
-        return False
+        return False, None
     if not first:
-        return None
+        return True, None
     root_block = event.get("parent_block_hash") is None
     if root_block and isinstance(first, list | tuple) and len(first) == 1:
-        return first[0] if isinstance(first[0], str) and first[0] else False
-    return False
+        salt = first[0]
+        return (True, salt) if isinstance(salt, str) and salt else (False, None)
+    return False, None
 
 
 class Index:
@@ -115,8 +116,8 @@ class Index:
         if kind == "BlockRemoved":
             for h in hashes:
                 self.blocks.remove(h, bit)
-        elif kind == "BlockStored" and (salt := _salt_if_nameable(event)) is not False:
-            self._check(event, hashes, salt)
+        elif kind == "BlockStored" and (named := _nameable(event))[0]:
+            self._check(event, hashes, named[1])
             for h in hashes:
                 self.blocks.add(h, bit)
 

@@ -145,6 +145,14 @@ class Metrics:
             ["role"],
             registry=r,
         )
+        self.carried_over = Counter(
+            p + "streams_carried_over",
+            "Streams whose engine died after the first byte: carried over to another engine "
+            "(carried), or ended with an error event because no engine took it (failed). A "
+            "stream that cannot be carried (`migration.py`) is not counted.",
+            ["outcome"],
+            registry=r,
+        )
         self.endpoints = Gauge(
             p + "endpoints", "Known engines by role and state.", ["role", "state"], registry=r
         )

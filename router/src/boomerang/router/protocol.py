@@ -76,8 +76,11 @@ def continue_request(body: dict[str, Any], *, stream: bool) -> dict[str, Any]:
 
 def plain_request(body: dict[str, Any]) -> dict[str, Any]:
     """The body for one engine serving the whole turn (the other role has none): the client's
-    request as a single vLLM engine takes it; without kv_transfer_params it retains nothing."""
-    return {k: v for k, v in body.items() if k not in INTERNAL_FIELDS}
+    request as a single vLLM engine takes it; without kv_transfer_params it retains nothing.
+    Token ids on, as for D, so its stream can be carried over if it dies (`migration.py`)."""
+    out = {k: v for k, v in body.items() if k not in INTERNAL_FIELDS}
+    out["return_token_ids"] = True
+    return out
 
 
 def tokenize_request(req: ClientRequest) -> dict[str, Any] | None:

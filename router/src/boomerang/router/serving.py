@@ -22,14 +22,14 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from boomerang.connector import router_state
-from boomerang.router import apis, forgetting, protocol
+from boomerang.router import apis, forgetting, migration, protocol
 from boomerang.router import conversation as conv
 from boomerang.router.affinity import Affinity, Placement, cached_tokens
 from boomerang.router.apis import DecodeResult
 from boomerang.router.capabilities import DecodeMode
 from boomerang.router.claims import Claims
 from boomerang.router.config import RouterConfig
-from boomerang.router.decode import call_and_answer
+from boomerang.router.decode import Carried, Carry, call_and_answer
 from boomerang.router.endpoints import Endpoint, Mark, Pool, Strategy, partners, prefill_choices
 from boomerang.router.failover import Failover, unavailable
 from boomerang.router.hooks import NoRetention, RetentionHooks
@@ -38,7 +38,7 @@ from boomerang.router.metrics import Metrics
 from boomerang.router.paths import PathBook
 from boomerang.router.store import ConversationStore
 from boomerang.router.turn import Turn
-from boomerang.router.upstream import EngineClient, UpstreamError
+from boomerang.router.upstream import EngineClient, UpstreamError, open_stream, timeout
 from boomerang.router.usage import Cached
 
 log = logging.getLogger("boomerang.router")
@@ -214,15 +214,16 @@ class Serving:
                 live = ep.begin()  # what joins from now on stalls this stream too
             self._on_first(turn)
 
+        carry = self._carry(turn, ep) if mode == "stream" else None
         try:
             result = await call_and_answer(
-                request, self.engines, call, turn.req, mode, t, on_first, cached
+                request, self.engines, call, turn.req, mode, t, on_first, cached, carry
             )
         finally:
             if live is not None:
                 ep.end(live)
         turn.answered(result)
-        if mode == "stream" and result.finished and turn.first_at:
+        if mode == "stream" and result.finished and turn.first_at and not result.carried_over:
             seconds = time.perf_counter() - turn.first_at
             ep.streamed(seconds, len(result.output_ids or ()))  # D's decode (costmodel)
             if mark is not None and result.output_ids:
@@ -232,12 +233,76 @@ class Serving:
     def settled(self, pool: Pool, ep: Endpoint, result: DecodeResult) -> None:
         """After an engine's answer went to the client: a whole answer is a success (it
         resets the engine's failure count); one that broke off after the first byte (an
-        in-band error, a lost connection) is a failure, counted towards ejecting it."""
+        in-band error, a lost connection) is a failure, counted towards ejecting it (when
+        the stream was carried over, at the time it broke, `_carry`)."""
+        if result.carried_over:
+            return
         if result.finished:
             pool.succeeded(ep)
         else:
             broken = UpstreamError("protocol", "the answer broke off after the first byte")
             self.failover.failed(pool, ep, broken)
+
+    def _carry(self, turn: Turn, ep: Endpoint) -> Carry | None:
+        """How a stream of `ep`'s goes on elsewhere if `ep` dies mid-stream (`migration.py`):
+        on the least busy other decoder, else on P; None where it cannot be carried."""
+        if not self.config.migrate_streams or migration.refusal(turn.req) is not None:
+            return None
+
+        current, dead = ep, set[str]()  # the engine streaming now, those that died under it
+
+        async def carry(result: DecodeResult, exc: Exception) -> Carried | None:
+            nonlocal current
+            pool = self.decode if current.role == "decode" else self.prefill
+            broken = exc if isinstance(exc, UpstreamError) else UpstreamError("protocol", str(exc))
+            self.failover.failed(pool, current, broken)
+            dead.add(current.url)
+            body = migration.continuation(turn.req, result.prompt_ids or [], result.output_ids)
+            for target in self._carry_targets(dead) if body is not None else ():
+                if (carried := await self._carry_to(turn, target, body or {})) is not None:
+                    self.metrics.carried_over.labels("carried").inc()
+                    moved = {"from": current.url, "to": target.url}
+                    log.warning(
+                        "Carried a stream over", extra={**moved, "streamed": len(result.output_ids)}
+                    )
+                    current = target
+                    return carried
+            self.metrics.carried_over.labels("failed").inc()
+            return None
+
+        return carry
+
+    def _carry_targets(self, dead: set[str]) -> list[Endpoint]:
+        """Where a stream may go on: the other decoders by load, then the prefill engines
+        (none that died under this answer)."""
+        decoders = [e for e in self.decode.endpoints.values() if e.ready and e.url not in dead]
+        prefills = [e for e in self.prefill.endpoints.values() if e.ready and e.url not in dead]
+        return [
+            *sorted(decoders, key=lambda e: (e.inflight, e.url)),
+            *sorted(prefills, key=lambda e: (e.work, e.inflight, e.url)),
+        ]
+
+    async def _carry_to(self, turn: Turn, target: Endpoint, body: dict[str, Any]) -> Carried | None:
+        """Open the rest of the answer on `target` (None: it failed before answering)."""
+        t = self.config.timeouts
+        pool = self.decode if target.role == "decode" else self.prefill
+        limit = timeout(t.decode_total_s, t.connect_s)
+        rid = turn.engine_request_id("m")
+        try:
+            stream = await open_stream(
+                self.engines,
+                target.url + "/v1/completions",
+                body,
+                limit,
+                t.decode_first_byte_s,
+                rid,
+            )
+        except UpstreamError as exc:
+            self.failover.failed(pool, target, exc)
+            return None
+        target.count(1)
+        turn.decode_url = target.url
+        return Carried(stream, lambda: target.count(-1))
 
     def _on_first(self, turn: Turn) -> None:
         if not turn.first_sent:

@@ -397,5 +397,6 @@ class Turn:
                 self.req.retention.applied_s if self.req.retention else None
             ),
             "retention_learned_s": self.retention_learned_s,
+            "carried_over": answer.carried_over if answer is not None else 0,
             "seconds": round(time.perf_counter() - self.started, 4),
         }

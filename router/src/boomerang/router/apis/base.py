@@ -46,6 +46,8 @@ class DecodeResult:
     """Why D ended it, as the API says (`stop`, `length`, `end_turn`, `completed`, ...)."""
     response: web.StreamResponse | None = None
     """The response the client got (set by `decode.py`)."""
+    carried_over: int = 0
+    """Times the stream went on on another engine after its engine died (`migration.py`)."""
 
     @property
     def held_ids(self) -> list[int] | None:
