@@ -271,3 +271,14 @@ def test_session_headers_render_into_the_router_s_config() -> None:
     assert RouterConfig.model_validate(config).session_headers == ["x-my-session"]
     none = render.router_config(deployment(patch={"router": {"sessionHeaders": []}}))
     assert RouterConfig.model_validate(none).session_headers == []
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_carrying_streams_over_and_tenant_caches_render_into_the_router_s_config(on: bool) -> None:
+    default = RouterConfig.model_validate(render.router_config(deployment()))
+    assert default.migrate_streams and default.tenant_cache_salt  # both on unless turned off
+    dd = deployment(patch={"router": {"migrateStreams": on, "isolateTenantCaches": on}})
+    config = render.router_config(dd)
+    assert (config["migrate_streams"], config["tenant_cache_salt"]) == (on, on)
+    loaded = RouterConfig.model_validate(config)
+    assert (loaded.migrate_streams, loaded.tenant_cache_salt) == (on, on)

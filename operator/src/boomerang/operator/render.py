@@ -189,6 +189,8 @@ def router_config(
         "store": {"kind": store.type, "url": store.url or _secret_placeholder(store.type)},
         "api_keys_file": _api_keys_file(dd),
         "session_headers": dd.spec.router.session_headers,
+        "migrate_streams": dd.spec.router.migrate_streams,
+        "tenant_cache_salt": dd.spec.router.isolate_tenant_caches,
         "tuning": router_tuning(dd),
     }
     return _without_none(config)

@@ -115,6 +115,20 @@ class RouterSpec(Model):
         "x-claude-code-session-id, session_id, session-id, x-session-affinity, x-session-id. "
         "Empty: no header names a session.",
     )
+    migrate_streams: bool = Field(
+        True,
+        description="Carry a stream whose engine dies after the first byte over to another "
+        "engine (another decoder, else a prefill engine), which goes on from the prompt and "
+        "the tokens already streamed, so the client sees one answer. Chat and completions "
+        "streams without tools, log probabilities, response formats or penalties; others end "
+        "with an error event, as with false.",
+    )
+    isolate_tenant_caches: bool = Field(
+        True,
+        description="Give each tenant's requests their own vLLM cache_salt, so no cached-token "
+        "count or timing tells a tenant what another sent. False: tenants share cached "
+        "prefixes (a common system prompt is computed once for all).",
+    )
     node_selector: dict[str, str] = Field(
         default_factory=dict, description="Node labels the router pods must match."
     )
