@@ -283,6 +283,27 @@ def test_over_budget_releases_first_what_p_still_holds() -> None:
     assert [x.key for x in out] == [b"none", b"soon"]
 
 
+def test_over_budget_shares_what_d_keeps_fairly_between_tenants() -> None:
+    """A tenant whose clients ask for long retention (deadlines always the latest) holds most
+    of D; under the budget it gives first, down to the other tenants' holdings, instead of
+    the soonest deadlines (the other tenants') going first. What P still holds goes before
+    either, whoever's it is."""
+    ledger = Ledger()
+    for i in range(6):  # "hint": 6 x 10 blocks, an hour each
+        ledger.add(dataclasses.replace(lease(f"h{i}", 10, ttl=3600.0 + i), tenant="hint"))
+    for i in range(2):  # "plain": 2 x 10 blocks, learned retention of a minute
+        ledger.add(dataclasses.replace(lease(f"p{i}", 10, ttl=60.0 + i), tenant="plain"))
+    out = ledger.over_budget("http://d0", total_blocks=100, fraction=0.4)  # 80 held, keep 40
+    assert [x.key for x in out] == [b"h0", b"h1", b"h2", b"h3"]  # plain keeps its 20
+    out = ledger.over_budget("http://d0", total_blocks=100, fraction=0.2)  # keep 20: 10 each
+    assert sorted(x.key for x in out) == [b"h0", b"h1", b"h2", b"h3", b"h4", b"p0"]
+    on_p = {7}.__contains__  # P still holds one of plain's conversations
+    probe = dataclasses.replace(ledger.get(b"p1"), p_probe=7)  # type: ignore[type-var]
+    ledger.add(probe)
+    out = ledger.over_budget("http://d0", total_blocks=100, fraction=0.4, p_holds=on_p)
+    assert [x.key for x in out] == [b"p1", b"h0", b"h1", b"h2"]
+
+
 def test_block_seconds_integrate_held_blocks_over_time() -> None:
     ledger = Ledger()
     assert ledger.block_seconds(0.0) == 0.0

@@ -268,25 +268,44 @@ class Ledger:
         p_holds: Callable[[int], bool] | None = None,
     ) -> list[Lease]:
         """The leases of `decode_url` to release so that what it holds is <= fraction *
-        total_blocks (none while the total is unknown, <= 0): first those whose history a
-        prefill engine still holds (`p_holds` of their `p_probe`: P recomputes from its own
-        cache what they would bring), then the rest; soonest deadline first within each.
-        What is kept is what P forgot, which only a pull brings back cheaply."""
+        total_blocks (none while the total is unknown, <= 0).
+
+        First those whose history a prefill engine still holds (`p_holds` of their `p_probe`:
+        P recomputes from its own cache what they would bring), soonest deadline first: they
+        cost no tenant anything. Then, fairly between tenants, from whichever holds the most
+        blocks on this decoder at that point, its soonest deadline first: so no tenant keeps
+        its conversations by crowding out another's (a client's long retention hint, say,
+        whose deadline is always the latest). What is kept is what P forgot, which only a pull
+        brings back cheaply, shared out as evenly as the tenants' own holdings allow."""
         excess = self.held_blocks(decode_url) - fraction * total_blocks
         if total_blocks <= 0 or excess <= 0:
             return []
-
-        def order(lease: Lease) -> tuple[bool, float]:
-            on_p = p_holds is not None and lease.p_probe is not None and p_holds(lease.p_probe)
-            return (not on_p, lease.deadline)
-
-        mine = sorted((x for x in self._leases.values() if x.decode_url == decode_url), key=order)
-        out: list[Lease] = []
+        mine = sorted(
+            (x for x in self._leases.values() if x.decode_url == decode_url), key=_deadline
+        )
+        on_p = [x for x in mine if p_holds and x.p_probe is not None and p_holds(x.p_probe)]
+        cheap = {id(x) for x in on_p}
+        queues: dict[str, list[Lease]] = {}
+        held: dict[str, int] = {}
         for lease in mine:
+            held[lease.tenant] = held.get(lease.tenant, 0) + lease.blocks
+            if id(lease) not in cheap:
+                queues.setdefault(lease.tenant, []).append(lease)
+        out: list[Lease] = []
+        for lease in on_p:
             if excess <= 0:
-                break
+                return out
             out.append(lease)
             excess -= lease.blocks
+            held[lease.tenant] -= lease.blocks
+        while excess > 0 and queues:
+            tenant = max(queues, key=lambda t: (held[t], t))  # the largest holder gives next
+            lease = queues[tenant].pop(0)
+            if not queues[tenant]:
+                del queues[tenant]
+            out.append(lease)
+            excess -= lease.blocks
+            held[tenant] -= lease.blocks
         return out
 
     def held_blocks(self, decode_url: str | None = None) -> int:
