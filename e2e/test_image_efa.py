@@ -28,9 +28,43 @@ VERSION = re.findall(
 """The version the Dockerfile pins: the stand-in is served under its name."""
 SCRIPT = "connector/image/libfabric.sh"
 FAKE_INSTALLER = """#!/bin/bash
+# A stand-in of AWS's efa_installer.sh: its -h lists its flags and it refuses others; on an
+# image it takes for an NGC build image (NVIDIA's CUDA base: NVIDIA_REQUIRE_CUDA is set) it
+# skips rdma-core unless NGC mode is turned off, as installers from 1.48.0 do; its packages
+# are real .deb packages installed with dpkg, libfabric1-aws depending on rdma-core's, and a
+# dependency dpkg cannot meet does not stop it (the silent skip the build must catch).
 set -e
+FLAGS="FLAGS_LISTED"
+if [[ "$1" == -h || "$1" == --help ]]; then
+  echo "Usage: efa_installer.sh [options]"
+  for f in $FLAGS; do echo "  $f    an option"; done
+  exit 0
+fi
+ngc_off=0
+for arg in "$@"; do
+  [[ " $FLAGS " == *" $arg "* ]] || { echo "efa_installer.sh: unknown option $arg" >&2; exit 1; }
+  [[ "$arg" == --disable-build-ngc ]] && ngc_off=1
+done
+deb() {  # name version depends
+  local root="/tmp/stand-in/$1"
+  mkdir -p "$root/DEBIAN"
+  printf 'Package: %s\\nVersion: %s\\n' "$1" "$2" >"$root/DEBIAN/control"
+  printf 'Architecture: all\\nMaintainer: t <t@example.org>\\n' >>"$root/DEBIAN/control"
+  [[ -n "$3" ]] && printf 'Depends: %s\\n' "$3" >>"$root/DEBIAN/control"
+  printf 'Description: stand-in\\n' >>"$root/DEBIAN/control"
+  dpkg-deb --build "$root" "/tmp/stand-in/$1.deb" >/dev/null
+  echo "/tmp/stand-in/$1.deb"
+}
+if [[ -n "${NVIDIA_REQUIRE_CUDA:-}" && $ngc_off == 0 ]]; then
+  echo "NGC build image detected: skipping rdma-core"
+else
+  for pkg in RDMA_PACKAGES; do dpkg -i "$(deb "$pkg" RDMA_VERSION "")" >/dev/null; done
+fi
+dpkg -i "$(deb libfabric1-aws 2.7.0amzn2.0 'ibverbs-providers (>= 59), libibverbs1 (>= 59)')" \\
+  >/dev/null 2>&1 || echo "dpkg: dependency problems prevent configuration of libfabric1-aws"
 install -D -m 755 fi_info /opt/amazon/efa/bin/fi_info
 """
+ALL_FLAGS = "-y --yes --skip-kmod --skip-limit-conf --no-verify --skip-mpi --disable-build-ngc"
 FAKE_FI_INFO = """#!/bin/sh
 case "$1" in
   --version) echo "fi_info: 2.7.0amzn2.0"; echo "libfabric: 2.7.0amzn2.0";;
@@ -65,13 +99,28 @@ class Keys:
         return next(ln.split(":")[9] for ln in colons.splitlines() if ln.startswith("fpr:"))
 
 
-def serve(folder: Path, keys: Keys, signer: str, efa_provider: bool, tamper: bool) -> str:
-    """AWS's layout in `folder`; returns the tarball's SHA-256 (before any tampering)."""
+def serve(folder: Path, keys: Keys, signer: str, case: str) -> str:
+    """AWS's layout in `folder`, the stand-in as `case` wants it; returns the tarball's
+    SHA-256 (before any tampering)."""
     installer = folder / "src" / "aws-efa-installer"
     installer.mkdir(parents=True)
-    providers = "printf 'efa:\\n    version: 2.1\\n'" if efa_provider else "true"
+    efa = case != "no-efa-provider"
+    providers = "printf 'efa:\\n    version: 2.1\\n'" if efa else "true"
+    knobs = {
+        "PROVIDERS": providers,
+        "FLAGS_LISTED": {
+            "unknown-flag": ALL_FLAGS.replace(" --skip-mpi", ""),
+            "ngc-skips-rdma-core": ALL_FLAGS.replace(" --disable-build-ngc", ""),
+        }.get(case, ALL_FLAGS),
+        "RDMA_PACKAGES": "ibverbs-providers"
+        if case == "missing-libibverbs"
+        else "ibverbs-providers libibverbs1",
+        "RDMA_VERSION": "39.0-1" if case == "old-rdma-core" else "59.0-1",
+    }
     for name, text in (("efa_installer.sh", FAKE_INSTALLER), ("fi_info", FAKE_FI_INFO)):
-        (installer / name).write_text(text.replace("PROVIDERS", providers))
+        for knob, value in knobs.items():
+            text = text.replace(knob, value)
+        (installer / name).write_text(text)
         (installer / name).chmod(0o755)
     tarball = folder / f"aws-efa-installer-{VERSION}.tar.gz"
     with tarfile.open(tarball, "w:gz") as tar:
@@ -79,7 +128,7 @@ def serve(folder: Path, keys: Keys, signer: str, efa_provider: bool, tamper: boo
     keys.gpg("--local-user", signer, "--detach-sign", "-o", f"{tarball}.sig", str(tarball))
     (folder / "aws-efa-installer.key").write_text(keys.gpg("--armor", "--export"))
     sha = subprocess.run(["sha256sum", str(tarball)], capture_output=True, text=True, check=True)
-    if tamper:
+    if case == "tampered":
         with tarball.open("ab") as handle:
             handle.write(b"\0")
     return sha.stdout.split()[0]
@@ -93,6 +142,11 @@ CASES = {  # case: (builds, what its log says)
     "tampered": (False, "no valid signature (refusing to unpack it)"),
     "wrong-sha256": (False, "not the expected"),
     "distribution": (True, "the distribution's libfabric1 and libhwloc15"),
+    # the installer's own behaviour on vLLM's CUDA base (issue 45): each fails naming its cause
+    "unknown-flag": (False, "has no flag --skip-mpi (not in its -h)"),
+    "ngc-skips-rdma-core": (False, "ibverbs-providers is not installed after the EFA installer"),
+    "missing-libibverbs": (False, "libibverbs1 is not installed after the EFA installer"),
+    "old-rdma-core": (False, "ibverbs-providers 39.0-1 does not meet libfabric1-aws's dependency"),
 }
 
 
@@ -111,12 +165,14 @@ def test_the_installer_is_verified_before_it_is_unpacked_and_must_bring_efa(
     served = tmp_path / "served"
     served.mkdir()
     signer = other if case == "another-key" else aws
-    sha = serve(served, keys, signer, case != "no-efa-provider", tamper=case == "tampered")
+    sha = serve(served, keys, signer, case)
     context = tmp_path / "context"
     (context / SCRIPT).parent.mkdir(parents=True)
     shutil.copy(REPO / SCRIPT, context / SCRIPT)
     containerfile = context / f"Containerfile.{case}"
-    containerfile.write_text(f"FROM {base.key_ref}\n{libfabric_step()}")
+    # as on vLLM's image, whose CUDA base sets this: what makes installers see an NGC image
+    cuda = 'ENV NVIDIA_REQUIRE_CUDA="cuda>=12.8"\n'
+    containerfile.write_text(f"FROM {base.key_ref}\n{cuda}{libfabric_step()}")
     args = {"EFA_INSTALLER_BASE_URL": "file:///efa", "EFA_INSTALLER_KEY_FINGERPRINT": aws}
     args["EFA_INSTALLER_SHA256"] = {"signed-with-sha256": sha, "wrong-sha256": "0" * 64}.get(
         case, ""
@@ -129,3 +185,5 @@ def test_the_installer_is_verified_before_it_is_unpacked_and_must_bring_efa(
     assert says in log, log[-3000:]
     if case.startswith("signed"):
         assert f"signature by {aws} verified; SHA-256 {sha}" in log
+        assert "NGC mode turned off with --disable-build-ngc" in log
+        assert "libfabric1-aws 2.7.0amzn2.0, ibverbs-providers 59.0-1, libibverbs1 59.0-1" in log

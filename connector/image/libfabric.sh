@@ -71,8 +71,55 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
 }
 
+# Whether the installer's help lists `flag` as an option of its own (not inside another's).
+has_flag() {
+  grep -qE -- "(^|[[:space:],|])${2}([[:space:],=|]|$)" <<<"$1"
+}
+
+# The NGC setting for vLLM's base, NVIDIA's CUDA image: installers from 1.48.0 take such an
+# image for an "NGC build image" and skip rdma-core, and libfabric1-aws then cannot meet its
+# dependency on ibverbs-providers (>= 59; Ubuntu 22.04 offers 39). The flag's name is not
+# settled by public sources: an AWS project turns the mode off with --disable-build-ngc,
+# NVIDIA Dynamo's install script passes --build-ngc, AWS's container page documents
+# --enable-ngc (1.49.0 on). So the installer's own help decides: a flag that turns NGC mode
+# off is passed when the help lists one; where the help offers NGC mode only as an opt-in,
+# nothing is passed. Either way `check_packages` fails the build if rdma-core was skipped.
+NGC_OFF_FLAGS=(--disable-build-ngc --disable-ngc --no-build-ngc --no-ngc)
+
+# Every package libfabric needs from the installer, installed, and new enough: libfabric1-aws
+# >= 2.7 (NIXL's plugin needs FABRIC_1.10), and each of its versioned dependencies on
+# rdma-core (ibverbs-providers, libibverbs1) met, as its own Depends field states them.
+check_packages() {
+  local pkg version dep name op need have
+  for pkg in ibverbs-providers libibverbs1; do
+    version="$(dpkg-query -W -f='${db:Status-Status} ${Version}' "$pkg" 2>/dev/null || true)"
+    [[ "$version" == installed\ * ]] \
+      || fail "$pkg is not installed after the EFA installer ran (in NGC mode it skips rdma-core)"
+  done
+  version="$(dpkg-query -W -f='${Version}' libfabric1-aws 2>/dev/null || true)"
+  [[ -n "$version" ]] || fail "libfabric1-aws is not installed after the EFA installer ran"
+  while IFS= read -r dep; do
+    [[ "$dep" =~ ^[[:space:]]*(ibverbs-providers|libibverbs1)[[:space:]]*\(([<>=]+)[[:space:]]*([^\)]+)\) ]] \
+      || continue
+    name="${BASH_REMATCH[1]}" op="${BASH_REMATCH[2]}" need="${BASH_REMATCH[3]}"
+    have="$(dpkg-query -W -f='${Version}' "$name")"
+    case "$op" in ">=") op=ge ;; ">>") op=gt ;; "=") op=eq ;; "<=") op=le ;; "<<") op=lt ;; esac
+    dpkg --compare-versions "$have" "$op" "$need" \
+      || fail "$name $have does not meet libfabric1-aws's dependency ($name $op $need)"
+  done < <(dpkg-query -W -f='${Depends}' libfabric1-aws | tr ',' '\n')
+  [[ "$(dpkg-query -W -f='${db:Status-Status}' libfabric1-aws)" == installed ]] \
+    || fail "libfabric1-aws $version is not configured: $(dpkg --audit 2>&1 | head -3)"
+  dpkg --compare-versions "$version" ge 2.7 \
+    || fail "libfabric1-aws $version is older than 2.7, which NIXL's LIBFABRIC plugin needs"
+  if [[ -n "$(dpkg --audit 2>&1)" ]]; then
+    fail "packages left unconfigured after the EFA installer: $(dpkg --audit 2>&1 | head -5)"
+  fi
+  say "libfabric1-aws $version, ibverbs-providers $(dpkg-query -W -f='${Version}' \
+ibverbs-providers), libibverbs1 $(dpkg-query -W -f='${Version}' libibverbs1)"
+}
+
 install_efa_installer() {
-  local dir
+  local dir help flag output
   # The installer's prerequisites, gpgv for the signature, binutils for the image check's
   # readelf; they follow the base's release.
   apt_install curl ca-certificates gpgv pciutils environment-modules libhwloc15 binutils
@@ -90,8 +137,29 @@ install_efa_installer() {
     --skip-mpi         # no Open MPI: NIXL does not use it (NVIDIA Dynamo's container EFA
                        # install script, container/deps/efa/install_efa.sh)
   )
-  (cd "$dir/aws-efa-installer" && ./efa_installer.sh "${flags[@]}")
+  # Each flag must be one this installer has: its own -h says so, not a public page.
+  help="$(cd "$dir/aws-efa-installer" && ./efa_installer.sh -h 2>&1 || true)"
+  for flag in "${flags[@]}"; do
+    has_flag "$help" "$flag" \
+      || fail "efa_installer.sh ${EFA_INSTALLER_VERSION} has no flag $flag (not in its -h)"
+  done
+  for flag in "${NGC_OFF_FLAGS[@]}"; do
+    if has_flag "$help" "$flag"; then
+      flags+=("$flag")
+      say "NGC mode turned off with $flag (the installer's -h lists it)"
+      break
+    fi
+  done
+  output="$(cd "$dir/aws-efa-installer" && ./efa_installer.sh "${flags[@]}" 2>&1)" \
+    || { echo "$output" >&2; fail "efa_installer.sh failed"; }
+  echo "$output" >&2
+  if grep -qi 'ngc' <<<"$output"; then
+    say "the installer says of NGC: $(grep -i 'ngc' <<<"$output" | head -3 | tr '\n' ' ')"
+  else
+    say "the installer ran without NGC mode"
+  fi
   rm -rf "$dir" /var/lib/apt/lists/*
+  check_packages
   # libfabric must load and carry the efa provider: built in (listed by `fi_info --list`,
   # which needs no EFA device) or as a provider library.
   /opt/amazon/efa/bin/fi_info --version

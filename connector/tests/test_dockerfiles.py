@@ -131,3 +131,51 @@ def test_the_release_verifies_the_efa_installer_and_records_the_bases() -> None:
     assert '"$(default connector/Dockerfile VLLM_IMAGE)"' in workflow
     assert "cat efa.md >> bases.md" in workflow and "--notes-file bases.md" in workflow
     assert "connector/tests/test_vllm_versions.py" in workflow
+
+
+def _libfabric_functions() -> str:
+    """libfabric.sh's definitions, without its dispatch at the end."""
+    script = (REPO / "connector" / "image" / "libfabric.sh").read_text()
+    return script[: script.index('case "${1:-install}" in')]
+
+
+@pytest.mark.parametrize(
+    ("flag", "listed"),
+    [
+        ("-y", True),
+        ("--skip-mpi", True),
+        ("--disable-build-ngc", True),
+        ("--skip", False),  # a prefix of a listed flag is not that flag
+        ("--mpi", False),  # nor is a suffix
+        ("--enable-ngc", False),
+    ],
+)
+def test_an_installer_flag_counts_only_when_its_help_lists_it(flag: str, listed: bool) -> None:
+    help_text = (
+        "Usage: efa_installer.sh [options]\n  -y, --yes       no questions\n"
+        "  --skip-mpi      no Open MPI\n  --disable-build-ngc=  NGC mode off\n"
+    )
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "EFA_INSTALLER_VERSION": "1.51.0",
+        "EFA_INSTALLER_BASE_URL": "file:///efa",
+        "EFA_INSTALLER_KEY_FINGERPRINT": "0" * 40,
+        "HELP": help_text,
+    }
+    code = f'{_libfabric_functions()}\nhas_flag "$HELP" "{flag}"'
+    assert subprocess.run(["bash", "-c", code], env=env).returncode == (0 if listed else 1)
+
+
+def test_the_installer_is_checked_against_its_help_before_it_runs_and_its_packages_after() -> None:
+    """Issue 45: every flag passed must be in the installer's own -h (checked before it runs);
+    NGC mode is turned off only with a flag that -h lists; the rdma-core packages and
+    libfabric1-aws are checked (present, configured, new enough) before the efa provider."""
+    install = _libfabric_functions()[_libfabric_functions().index("install_efa_installer() {") :]
+    help_read = install.index("./efa_installer.sh -h")
+    checked = install.index('has_flag "$help" "$flag"')
+    runs = install.index('./efa_installer.sh "${flags[@]}"')
+    assert help_read < checked < runs < install.index("check_packages") < install.index("fi_info")
+    functions = _libfabric_functions()
+    assert "NGC_OFF_FLAGS=(--disable-build-ngc" in functions
+    for source in ("--disable-build-ngc", "--build-ngc", "--enable-ngc"):  # each named, sourced
+        assert source in functions[: functions.index("NGC_OFF_FLAGS=")]
