@@ -76,6 +76,8 @@ class Engines:
     pids: dict[str, int] = field(default_factory=dict)
     started: list[dict[str, Any]] = field(default_factory=list)
     """How each engine was started (command, VLLM_PLUGINS), for the record."""
+    specs: dict[str, processes.ProcessSpec] = field(default_factory=dict)
+    """Each engine's process spec by name (the soak starts a killed one again)."""
 
     @property
     def token(self) -> str:
@@ -125,6 +127,7 @@ def engines(
         if pin:
             spec = pinned(spec, r.cpu)
         specs.append(spec)
+        es.specs[spec.name] = spec
         es.started.append(stock.describe(spec))
         (es.prefill if r.role == "prefill" else es.decode).append(r.url)
     bidirectional = dd.spec.kv_transfer.bidirectional

@@ -1,0 +1,453 @@
+"""The soak: steady multi-turn load through two router replicas over Redis while faults strike.
+
+Why: faults were tested one at a time, between turns, on an idle stack; users meet them under
+load. This runs vLLM's own multi-turn client (fetched at run time, `multiturn_client.py`)
+against the local CPU stack (one P, one D, Boomerang's engines; two router replicas sharing
+conversations through Redis; each replica gets half the clients) for a bounded time, in runs
+of fresh conversations. Into each run, once turns are in flight, one fault is injected:
+
+- `kill-d`: SIGKILL to D's process group mid-stream (streams are carried over, turns go to P
+  alone until D is back), then D started again;
+- `kill-p`: SIGKILL to P's process group while turns prefill and pull, then P started again;
+- `stop-d`, `stop-p`: SIGSTOP of an engine's group for `STOP_S`, then SIGCONT (a stall, not a
+  death: nothing may be lost, nothing may time out);
+- `restart-router`: SIGKILL to replica B with turns in flight, then B started again (its
+  clients' connections break: those turns are the fault's, and must be the only ones lost);
+- `restart-redis`: SIGKILL to Redis, then Redis started again, empty (handles are lost:
+  turns recompute, none may fail).
+
+Per fault it reports the turns it touched (requests in flight between the fault and the
+stack's recovery), turns lost by the client's own count (expected against answered), the
+errors the client saw, the recovery time (until both replicas are ready with P and D and a
+turn through each succeeds), and then, once for the soak: D's retained blocks after the last
+run (they must drain to 0 within the decoder TTL, which the soak sets short), and replica A's
+RSS and open sockets before and after.
+
+    make soak                                   # 20 minutes, every fault in turn
+    make soak ARGS="--minutes 8 --faults kill-d,stop-d --publish"
+
+`--publish` writes the table into `docs/reliability.md`. Needs the engine venv, the model,
+`redis-server` (`make redis`) and vLLM's client (fetched and cached on first use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import multiturn_client
+import yaml
+from bench_ttft import REPO
+from production_engines import Engines, engines, retained_blocks
+from production_engines import manifest as regime_manifest
+from production_modes import REGIMES, Workload, generator_config
+
+from boomerang.connector.model import corpus, model_dir
+from boomerang.local import processes, stack
+
+FAULTS = ("kill-d", "stop-d", "restart-router", "kill-p", "stop-p", "restart-redis")
+STOP_S = 7.0
+"""How long a stopped engine stays stopped (the issue's 5-10 s)."""
+FAULT_AT_S = 25.0
+"""Seconds into a run when its fault strikes: the clients' first turns are in flight."""
+DECODER_TTL_S = 90
+"""The soak's decoder TTL: short, so that what D retains after the last run must drain (to 0)
+within a bounded wait; a block still retained after it is a leak."""
+WORKLOAD = Workload(conversations=12, clients=4, messages=(6, 8), first=(600, 1200))
+"""Per run: 12 conversations of 3-4 turns, 2 clients per replica."""
+ROUTER_PORTS = (38080, 38081)
+REDIS_PORT = 38379
+RESULT = REPO / "connector" / "bench" / "soak.json"
+PUBLISH_START = "<!-- soak:start -->"
+PUBLISH_END = "<!-- soak:end -->"
+
+
+@dataclass
+class Stack:
+    """What the soak runs: the engines, Redis and the two replicas (name -> pid)."""
+
+    es: Engines
+    run_dir: Path
+    redis: processes.ProcessSpec
+    routers: dict[str, processes.ProcessSpec] = field(default_factory=dict)
+    pids: dict[str, int] = field(default_factory=dict)
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{ROUTER_PORTS[list(self.routers).index(name)]}"
+
+    def start(self, spec: processes.ProcessSpec, timeout_s: float = 900.0) -> None:
+        self.pids[spec.name] = processes.spawn(spec).pid
+        if spec.name == "redis":
+            wait_redis(self.pids[spec.name], timeout_s)
+        else:
+            processes.wait_healthy(spec, self.pids[spec.name], timeout_s)
+
+
+def wait_redis(pid: int, timeout_s: float) -> None:
+    """Until Redis answers PING on its port."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not processes.alive(pid):
+            sys.exit("redis-server exited while starting")
+        with (
+            contextlib.suppress(OSError),
+            socket.create_connection(("127.0.0.1", REDIS_PORT), timeout=1.0) as conn,
+        ):
+            conn.sendall(b"PING\r\n")
+            if conn.recv(16).startswith(b"+PONG"):
+                return
+        time.sleep(0.2)
+    sys.exit("redis-server did not answer in time")
+
+
+def redis_spec(run_dir: Path) -> processes.ProcessSpec:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        sys.exit("redis-server is missing: run `make redis`")
+    return processes.ProcessSpec(
+        name="redis",
+        cmd=[binary, "--port", str(REDIS_PORT), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no"],
+        env=dict(os.environ),
+        log=run_dir / "redis.log",
+        health_url="",
+    )  # fmt: skip
+
+
+def router_spec(
+    s: Stack, name: str, port: int, timeouts: dict[str, float]
+) -> processes.ProcessSpec:
+    settings = stack.router_settings(
+        s.es.dd, s.es.ports, listen_port=port, log_json=True,
+        lease_token_file=str(stack.lease_token_file(s.es.run_dir)),
+        store={"kind": "redis", "url": f"redis://127.0.0.1:{REDIS_PORT}/0"},
+        timeouts=timeouts,
+    )  # fmt: skip
+    cfg = s.run_dir / f"{name}.yaml"
+    cfg.write_text(yaml.safe_dump(settings))
+    return stack.router_spec(name, cfg, port, s.run_dir, dict(os.environ))
+
+
+def get_json(url: str, timeout_s: float = 5.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout_s) as resp:
+        return json.loads(resp.read())
+
+
+def one_turn(url: str, model: str, timeout_s: float = 120.0) -> bool:
+    """One short turn through a router: whether it was answered."""
+    body = {"model": model, "messages": [{"role": "user", "content": "Say hello."}],
+            "max_tokens": 4}  # fmt: skip
+    req = urllib.request.Request(
+        f"{url}/v1/chat/completions",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return bool(json.loads(resp.read()).get("choices"))
+    except (OSError, ValueError):
+        return False
+
+
+def recovered(s: Stack, model: str) -> bool:
+    """Both replicas ready with P and D, and a turn through each answered."""
+    for name in s.routers:
+        try:
+            ready = get_json(f"{s.url(name)}/ready")
+        except (OSError, ValueError):
+            return False
+        if not (ready.get("prefill") and ready.get("decode")):
+            return False
+    return all(one_turn(s.url(name), model) for name in s.routers)
+
+
+def proc_usage(pid: int) -> dict[str, float]:
+    """A process's RSS (MiB) and open sockets, from /proc."""
+    rss = 0.0
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) / 1024
+    sockets = 0
+    with contextlib.suppress(OSError):
+        for fd in os.scandir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                sockets += os.readlink(fd.path).startswith("socket:")
+    return {"rss_mib": round(rss, 1), "sockets": sockets}
+
+
+def signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(os.getpgid(pid), sig)
+
+
+def strike(s: Stack, fault: str) -> None:
+    """Inject `fault` (module docs) and return once its action is done (an engine or router
+    started again, an engine resumed)."""
+    role = {"kill-d": "decode-0", "kill-p": "prefill-0", "stop-d": "decode-0",
+            "stop-p": "prefill-0"}.get(fault)  # fmt: skip
+    if fault in ("kill-d", "kill-p"):
+        assert role is not None
+        processes.kill(s.es.pids[role])
+        s.es.pids[role] = processes.spawn(s.es.specs[role]).pid
+        processes.wait_healthy(s.es.specs[role], s.es.pids[role], 900)
+    elif fault in ("stop-d", "stop-p"):
+        assert role is not None
+        signal_group(s.es.pids[role], signal.SIGSTOP)
+        time.sleep(STOP_S)
+        signal_group(s.es.pids[role], signal.SIGCONT)
+    elif fault == "restart-router":
+        name = list(s.routers)[1]
+        processes.kill(s.pids[name])
+        s.start(s.routers[name], 60)
+    elif fault == "restart-redis":
+        processes.kill(s.pids["redis"])
+        s.start(s.redis, 30)
+    else:
+        raise ValueError(f"unknown fault {fault!r}")
+
+
+ERROR_LINE = re.compile(r"(error|exception|status[ =:]+[45]\d\d|failed)", re.I)
+
+
+def client_errors(log_text: str, limit: int = 3) -> list[str]:
+    """The distinct error lines the client logged (its own words: what a user would see)."""
+    seen: list[str] = []
+    for line in log_text.splitlines():
+        line = re.sub(r"^\S+ \S+ ", "", line.strip())[:200]
+        if ERROR_LINE.search(line) and "num_failures=0" not in line and line not in seen:
+            seen.append(line)
+    return seen[:limit]
+
+
+def touched(records: Sequence[dict[str, Any]], start: float, end: float) -> int:
+    """Requests in flight at some moment of [start, end] (epoch seconds)."""
+    out = 0
+    for r in records:
+        t0 = r["start_time_ms"] / 1000
+        if t0 <= end and t0 + r["latency_ms"] / 1000 >= start:
+            out += 1
+    return out
+
+
+@dataclass
+class Args:
+    minutes: float
+    faults: list[str]
+    out: Path
+    publish: bool
+    seed: int
+
+
+def one_run(
+    s: Stack, a: Args, client: multiturn_client.Client, serial: int, fault: str
+) -> dict[str, Any]:
+    """Fresh conversations through both replicas, `fault` struck `FAULT_AT_S` in."""
+    work = a.out / f"{serial:02d}-{fault}"
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "text.txt").write_text("\n".join(corpus(seed=7000 + serial, lines=4000)) + "\n")
+    config = {**generator_config(WORKLOAD), "num_conversations": WORKLOAD.conversations}
+    conversations = multiturn_client.generate(
+        client, config=config, model_dir=model_dir("tiny"), seed=a.seed + serial,
+        prefix=f"s{serial:02d}-", workdir=work,
+    )  # fmt: skip
+    halves = [conversations[i :: len(s.routers)] for i in range(len(s.routers))]
+    results: dict[str, list[dict[str, Any]]] = {}
+
+    def drive(name: str, convs: list[dict[str, Any]]) -> None:
+        results[name] = multiturn_client.run(
+            client, url=s.url(name), model_dir=model_dir("tiny"),
+            served_name=s.es.dd.spec.model.served_name, config=convs,
+            clients=WORKLOAD.clients // len(s.routers), seed=a.seed + serial,
+            workdir=work / name, timeout_s=1800,
+        )  # fmt: skip
+
+    threads = [
+        threading.Thread(target=drive, args=(n, h)) for n, h in zip(s.routers, halves, strict=True)
+    ]
+    for t in threads:
+        t.start()
+    time.sleep(FAULT_AT_S)
+    struck = time.time()
+    strike(s, fault)
+    model = s.es.dd.spec.model.served_name
+    while not recovered(s, model):
+        time.sleep(0.5)
+    back = time.time()
+    for t in threads:
+        t.join()
+    records = [r for rs in results.values() for r in rs]
+    expected = multiturn_client.expected_turns(conversations)
+    answered = 0
+    errors: list[str] = []
+    for name in s.routers:
+        text = (work / name / "client.log").read_text(errors="replace")
+        said = multiturn_client.answered(text)
+        answered += said if said is not None else len(results.get(name, ()))
+        errors += client_errors(text)
+    return {
+        "fault": fault,
+        "serial": serial,
+        "expected": expected,
+        "answered": answered,
+        "lost": max(0, expected - answered),
+        "touched": touched(records, struck, back),
+        "recovery_s": round(back - struck, 1),
+        "errors": errors[:3],
+    }
+
+
+def drain_s(s: Stack, bound_s: float) -> tuple[float, float]:
+    """Seconds until D retains nothing (after the last run), and what it still retains at the
+    bound (0 when it drained)."""
+    start = time.monotonic()
+    while (left := retained_blocks(s.es)) > 0 and time.monotonic() - start < bound_s:
+        time.sleep(2.0)
+    return round(time.monotonic() - start, 1), left
+
+
+def table(res: dict[str, Any]) -> str:
+    lines = [
+        "| fault | runs | turns touched | turns lost | recovery (s) | what the client saw |",
+        "|---|---|---|---|---|---|",
+    ]
+    by: dict[str, list[dict[str, Any]]] = {}
+    for run in res["runs"]:
+        by.setdefault(run["fault"], []).append(run)
+    for fault, runs in by.items():
+        errs = sorted({e for r in runs for e in r["errors"]})
+        said = "; ".join(f"`{e[:90]}`" for e in errs[:2]) or "no error"
+        lines.append(
+            f"| {fault} | {len(runs)} | {sum(r['touched'] for r in runs)} | "
+            f"{sum(r['lost'] for r in runs)} of {sum(r['expected'] for r in runs)} | "
+            f"{', '.join(str(r['recovery_s']) for r in runs)} | {said} |"
+        )
+    a, b = res["router_a"]["before"], res["router_a"]["after"]
+    growth = (b["rss_mib"] / a["rss_mib"] - 1) * 100 if a["rss_mib"] else 0.0
+    lines += [
+        "",
+        f"After the last run, D retained {res['retained_after']:.0f} blocks "
+        f"{res['drain_s']:.0f} s later (decoder TTL {DECODER_TTL_S} s). Replica A (never "
+        f"restarted): RSS {a['rss_mib']:.0f} -> {b['rss_mib']:.0f} MiB ({growth:+.0f} %), "
+        f"sockets {a['sockets']} -> {b['sockets']}. {res['minutes']:.0f} minutes, "
+        f"{len(res['runs'])} runs, source {res.get('revision') or 'unknown'}.",
+    ]
+    return "\n".join(lines)
+
+
+def publish(res: dict[str, Any]) -> None:
+    doc = REPO / "docs" / "reliability.md"
+    text = doc.read_text()
+    start, end = text.index(PUBLISH_START), text.index(PUBLISH_END)
+    body = f"{PUBLISH_START}\n{table(res)}\n{PUBLISH_END}"
+    doc.write_text(text[:start] + body + text[end + len(PUBLISH_END) :])
+
+
+def parse_args() -> Args:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--minutes", type=float, default=20.0, help="start no run after this")
+    ap.add_argument("--faults", default=",".join(FAULTS), help="in turn, cycled")
+    ap.add_argument("--out", type=Path, default=None, help="work folder (default: a temp one)")
+    ap.add_argument("--publish", action="store_true", help="write docs/reliability.md's table")
+    ap.add_argument("--seed", type=int, default=47)
+    ns = ap.parse_args()
+    faults = [f for f in ns.faults.split(",") if f]
+    if unknown := [f for f in faults if f not in FAULTS]:
+        ap.error(f"unknown faults {unknown}; known: {', '.join(FAULTS)}")
+    out = ns.out or Path(tempfile.mkdtemp(prefix="boomerang-soak-"))
+    return Args(ns.minutes, faults, out, ns.publish, ns.seed)
+
+
+def manifest() -> Any:
+    """The benchmark's spare regime (one P with its prefix cache, one D), bidirectional, with
+    the soak's short decoder TTL."""
+    from boomerang.operator.api import DisaggregatedDeployment
+
+    data = regime_manifest(REGIMES["spare"], bidirectional=True).model_dump(
+        mode="json", by_alias=True, exclude_none=True
+    )
+    data["spec"]["kvTransfer"]["decoderBlocksTTL"] = f"{DECODER_TTL_S}s"
+    data["spec"].get("router", {}).pop("conversationTTL", None)  # derived from it
+    return DisaggregatedDeployment.model_validate(data)
+
+
+@contextlib.contextmanager
+def soak_stack(venv: Path, run_dir: Path) -> Iterator[Stack]:
+    dd = manifest()
+    with engines(dd, venv) as es:
+        s = Stack(es, run_dir, redis_spec(run_dir))
+        try:
+            s.start(s.redis, 30)
+            timeouts = {"prefill_s": 600.0, "decode_first_byte_s": 600.0, "decode_total_s": 1500.0}
+            for name, port in zip(("router-a", "router-b"), ROUTER_PORTS, strict=True):
+                s.routers[name] = router_spec(s, name, port, timeouts)
+                s.start(s.routers[name], 60)
+            yield s
+        finally:
+            for pid in reversed(list(s.pids.values())):
+                processes.stop(pid, timeout=30)
+
+
+def revision() -> str | None:
+    done = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    return done.stdout.strip() or None
+
+
+def main() -> None:
+    a = parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    venv = stack.ensure_engine_venv()
+    client = multiturn_client.ensure()
+    run_dir = a.out / "stack"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    res: dict[str, Any] = {"minutes": a.minutes, "revision": revision(), "runs": []}
+    with soak_stack(venv, run_dir) as s:
+        model = s.es.dd.spec.model.served_name
+        if not recovered(s, model):
+            sys.exit("the stack does not answer before any fault")
+        a_pid = s.pids["router-a"]
+        before = proc_usage(a_pid)
+        deadline = time.monotonic() + a.minutes * 60
+        serial = 0
+        while time.monotonic() < deadline:
+            fault = a.faults[serial % len(a.faults)]
+            serial += 1
+            run = one_run(s, a, client, serial, fault)
+            res["runs"].append(run)
+            print(
+                f"  {serial:02d} {fault}: lost {run['lost']} of {run['expected']}, touched "
+                f"{run['touched']}, recovered in {run['recovery_s']} s"
+                + (f", client saw: {run['errors'][0]}" if run["errors"] else ""),
+                flush=True,
+            )
+        res["drain_s"], res["retained_after"] = drain_s(s, DECODER_TTL_S + 60)
+        res["router_a"] = {"before": before, "after": proc_usage(a_pid)}
+    (a.out / "soak.json").write_text(json.dumps(res, indent=1) + "\n")
+    RESULT.write_text(json.dumps(res, indent=1) + "\n")
+    print(f"work in {a.out}; results in {RESULT}")
+    print(table(res))
+    if a.publish:
+        publish(res)
+
+
+if __name__ == "__main__":
+    main()
