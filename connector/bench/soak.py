@@ -71,6 +71,8 @@ DECODER_TTL_S = 90
 within a bounded wait; a block still retained after it is a leak."""
 WORKLOAD = Workload(conversations=12, clients=4, messages=(6, 8), first=(600, 1200))
 """Per run: 12 conversations of 3-4 turns, 2 clients per replica."""
+RECOVERY_BOUND_S = 900.0
+"""A stack not recovered by then is reported as such (recovery at the bound)."""
 ROUTER_PORTS = (38080, 38081)
 REDIS_PORT = 38379
 RESULT = REPO / "connector" / "bench" / "soak.json"
@@ -287,7 +289,7 @@ def one_run(
     struck = time.time()
     strike(s, fault)
     model = s.es.dd.spec.model.served_name
-    while not recovered(s, model):
+    while not recovered(s, model) and time.time() - struck < RECOVERY_BOUND_S:
         time.sleep(0.5)
     back = time.time()
     for t in threads:
