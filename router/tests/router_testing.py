@@ -118,6 +118,9 @@ class EngineSpec:
     """Tokens streamed before that error (0: after the role's event, before any token)."""
     chunk_delay_s: float = 0.0
     """Pause between streamed chunks (to test disconnects mid-stream)."""
+    failed_loads: int = 0
+    """Pulls still to fail on P: it recomputes, and its usage counts nothing as cached (vLLM's
+    count after a failed load, `kv_load_failure_policy: recompute`)."""
     tpot_s: float = 0.0
     """Time per output token of an answer not streamed (what the router's idle probe times)."""
     chunk_per_token: bool = False
@@ -291,7 +294,10 @@ class FakeEngine:
             body, rid, "x", [ids[-1] % 97], "length", ids, body.get("return_token_ids")
         )
         out["kv_transfer_params"] = self.prefill(body, ids, params, rid)
-        out["usage"] = usage(len(ids), 1, loaded(params, ids))
+        pulls = bool(params and params.get("do_remote_decode") and params.get("remote_block_ids"))
+        failed = pulls and self.spec.failed_loads > 0
+        self.spec.failed_loads -= failed
+        out["usage"] = usage(len(ids), 1, 0 if failed else loaded(params, ids))
         return out
 
     def prefill(

@@ -79,3 +79,13 @@ def test_only_what_d_keeps_of_the_prompt_counts_as_retained() -> None:
     assert retained_prompt(D_PARAMS, 200) == 130
     assert retained_prompt(None, 120) == 0
     assert retained_prompt({"do_remote_decode": False, "remote_num_tokens": 9}, 120) == 0
+
+
+def test_p_s_own_count_says_when_its_pull_failed() -> None:
+    from boomerang.router.usage import pull_failed
+
+    assert not pull_failed(1000, 1000, 128)  # it took all it was sent to pull
+    assert not pull_failed(900, 1000, 128)  # within a block: its last, partial one computed
+    assert pull_failed(0, 1000, 128)  # it recomputed everything
+    assert pull_failed(256, 1000, 128)  # its own prefix cache held a little of it
+    assert not pull_failed(None, 1000, 128)  # P does not say: nothing to tell

@@ -44,6 +44,8 @@ from boomerang.router.turn import Turn
 from boomerang.router.upstream import UpstreamError, post_json, timeout
 
 log = logging.getLogger("boomerang.router")
+FALLBACK_BLOCK = 128
+"""The slack of `usage.pull_failed` when D's block size is not known (vLLM's CPU default)."""
 ANSWERED: Final = frozenset({"status", "client", "protocol"})
 """Failure kinds of an engine that answered (it is alive): after a failed continue P may still
 pull from it; after a refused connection or a timeout it may be gone, and P computes instead."""
@@ -121,16 +123,34 @@ class PrefillDecode:
         s.prefill.succeeded(p_ep)
         params: dict[str, Any] | None = protocol.kv_params_of(data)
         turn.p_cached = usage.answer_cached(turn.req.kind, data)
+        failed = False
         if attached is not None:
-            turn.spend(accepted=params is not None)
+            failed = params is not None and self._pull_failed(turn, p_ep)
+            turn.spend(accepted=params is not None and not failed)  # failed: a fallback
             self._check_prompt_ids(turn, data, p_ep)
         pulled = turn.reused_tokens if attached is not None else 0
-        s.paths.observe_prefill(
-            turn.prompt_ids, data, pulled, seconds, queued=ahead, cached=turn.p_cached
-        )
+        if not failed:  # a failed read and a recompute teach neither path's cost
+            s.paths.observe_prefill(
+                turn.prompt_ids, data, pulled, seconds, queued=ahead, cached=turn.p_cached
+            )
         if params is None:
             raise UpstreamError("protocol", "prefill answered without kv_transfer_params")
         return params
+
+    def _pull_failed(self, turn: Turn, p_ep: Endpoint) -> bool:
+        """P answered, but by its own count it did not take what it was sent to pull from D
+        (`usage.pull_failed`): it recomputed (a failed NIXL read; vLLM's policy `recompute`).
+        Counted and logged; the turn is then a fallback, not a hit."""
+        holder = self.s.decode.get(turn.holder)
+        block = (holder.block_size if holder is not None else None) or FALLBACK_BLOCK
+        if not usage.pull_failed(turn.p_cached, turn.reused_tokens, block):
+            return False
+        self.s.metrics.failed_pulls.inc()
+        log.warning(
+            "P recomputed what it was sent to pull",
+            extra={"engine": p_ep.url, "pulled": turn.reused_tokens, "cached": turn.p_cached},
+        )
+        return True
 
     def _check_prompt_ids(self, turn: Turn, data: dict[str, Any], p_ep: Endpoint) -> None:
         """The safety net: P's own prompt ids should be the ones the handle was verified on."""

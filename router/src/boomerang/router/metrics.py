@@ -145,6 +145,12 @@ class Metrics:
             ["role"],
             registry=r,
         )
+        self.failed_pulls = Counter(
+            p + "failed_pulls",
+            "Turns whose P, by its own count of cached prompt tokens, did not take what it was "
+            "sent to pull from D and recomputed it (counted as reuse outcome fallback).",
+            registry=r,
+        )
         self.carried_over = Counter(
             p + "streams_carried_over",
             "Streams whose engine died after the first byte: carried over to another engine "

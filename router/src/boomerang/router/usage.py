@@ -57,6 +57,16 @@ def engine_cached(kind: str, usage: Any) -> int | None:
     return None
 
 
+def pull_failed(p_cached: int | None, pulled: int, slack: int) -> bool:
+    """Whether P's own count says its pull of D's blocks failed: it reports fewer prompt
+    tokens not computed than it was sent to pull, by more than `slack` (a block: P may compute
+    a handle's last, partial block itself). vLLM counts a request's cached tokens again when a
+    failed load sends it back to be scheduled (`kv_load_failure_policy: recompute`), so its
+    count is then what its own prefix cache held, not what the handle offered. Unknown (None):
+    not failed, as far as anyone can tell."""
+    return p_cached is not None and p_cached + slack < pulled
+
+
 def answer_cached(kind: str, payload: Any) -> int | None:
     """`engine_cached` of a complete answer (P's JSON to the prefill request)."""
     return engine_cached(kind, payload.get("usage")) if isinstance(payload, dict) else None
