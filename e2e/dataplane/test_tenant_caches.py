@@ -1,8 +1,12 @@
 """One tenant's cached prefix is invisible to another (issue 47), through the official
-`openai` client, the router and the vLLM CPU P/D pair: the router salts each tenant's requests
+`openai` client, the router and the vLLM CPU decoder: the router salts each tenant's requests
 (`cache_salt.py`), so a second tenant sending the first one's long document finds none of it
 cached, in the usage it reads back, while the first tenant's next question does. The same
-run with salting off shows the leak the salt closes (the test can fail)."""
+run with salting off shows the leak the salt closes (the test can fail).
+
+The data plane's P runs without a prefix cache (the published setup), so the router runs
+decode-first with a threshold no prompt reaches: every turn runs on D alone, whose prefix cache
+serves it and whose own count is the usage the client gets."""
 
 from __future__ import annotations
 
@@ -50,7 +54,12 @@ def _document(seed: int) -> str:
 
 @pytest.mark.parametrize("salted", [True, False], ids=["salted", "shared"])
 def test_a_tenant_cannot_see_what_another_tenant_cached(dataplane, salted: bool) -> None:
-    router = dataplane.router(f"router-tenants-{salted}", tenant_cache_salt=salted)
+    router = dataplane.router(
+        f"router-tenants-{salted}",
+        tenant_cache_salt=salted,
+        bidirectional=False,
+        decode_first_tokens=1_000_000,  # every turn on D alone, from D's prefix cache
+    )
     doc = _document(4700 + salted)
     a, b = f"tenant-a-{uuid.uuid4()}", f"tenant-b-{uuid.uuid4()}"
     _cached(router, dataplane.model, a, doc, "Which word comes first?")
