@@ -110,3 +110,52 @@ def test_a_lease_serves_a_pull_until_ds_ttl_ends_it(think_s: float, path: str, e
     assert r.summary["paths"] == expected
     assert r.engines["d0"]["lease_ends"].get(end, 0) >= 1
     assert r.engines["p0"]["loaded"] == (3099 if path == "pull" else 0)
+
+
+def _alone_share(policy: str, shape: Shape = MULTI_TURN, load: Load | None = None) -> float:
+    """The share of turns a decoder served alone under `policy`."""
+    r = run(SMALL, Topology(1, 2), Settings(policy), stream(shape, 12, 3), load or Load(2, 4))
+    return r.summary["paths"].get("continue", 0) / r.summary["turns"]
+
+
+def test_the_peers_rules_fire_as_the_router_s_do() -> None:
+    """Issue 44: the peers' decode-first at thresholds that fire. Always: every turn on a
+    decoder alone, first turns included. Dynamo's rule: no first turn (all of it is
+    uncached, not under 0.7 of it), but short follow-ups. A threshold of 512 against tool
+    results of 500-3,000 tokens fires less than 8,192."""
+    assert _alone_share("decode-first-always") == 1.0
+    dynamo = _alone_share("dynamo")
+    first_turns = (
+        12
+        / run(
+            SMALL, Topology(1, 2), Settings("plain"), stream(MULTI_TURN, 12, 3), Load(2, 4)
+        ).summary["turns"]
+    )
+    assert 0 < dynamo <= 1 - first_turns + 1e-9
+    tools = Shape(user=(500, 3000))
+    assert _alone_share("decode-first-512", tools) < _alone_share("decode-first-8192", tools)
+
+
+def test_dynamo_s_load_variant_skips_a_busy_p() -> None:
+    """Under a burst that queues P, the load variant serves more turns on the decoder alone
+    than the same rule that does not look at P's queue, first turns included."""
+    burst = Load(rate=50.0, seed=3)
+    shape = Shape(first=(3000, 5000))
+    assert _alone_share("dynamo-load", shape, burst) > _alone_share("dynamo", shape, burst)
+
+
+def test_each_swept_value_names_its_best_peer_per_figure() -> None:
+    from boomsim.sweep import best_baselines, markdown
+
+    def row(policy: str, follow: float, tps: float) -> dict[str, Any]:
+        figures = {"ttft_p50": 1.0, "ttft_p99": 2.0, "follow_p50": follow, "follow_p99": 2 * follow}
+        return {"ratio": "1P2D", "policy": policy, **figures, "tpot_p50": 0.02,
+                "turns_per_s": tps, "paths": {}}  # fmt: skip
+
+    rows = [row("affinity", 0.3, 5.0), row("dynamo", 0.1, 4.0), row("adaptive", 0.05, 9.0)]
+    best = best_baselines(rows, "ratio")["1P2D"]
+    assert best["follow_p50"] == "dynamo"  # Boomerang's own rows are not peers
+    assert best["turns_per_s"] == "affinity"  # throughput: the highest
+    assert "| 1P2D | *best peer* | affinity / affinity | dynamo / dynamo |" in markdown(
+        rows, "ratio"
+    )

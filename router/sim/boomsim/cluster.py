@@ -99,20 +99,24 @@ class Cluster:
         elif policy == "affinity":
             p = self._pick_p(conv, prompt)
             t.p_leg(p, self._pick_d(conv, None), Path.RECOMPUTE)
-        elif policy == "decode-first":
+        elif (rule := self.s.decode_first) is not None:
             engines = {e.name: e for e in self.decode}
+            p = self._pick_p(conv, prompt)
+            busy = rule.p_busy_tokens is not None and self.eps[p.name].work >= rule.p_busy_tokens
             choice = decode_first.choose(
                 prompt,
                 {e.name: e.cached_tokens(conv, prompt) for e in self.decode},
                 {e.name: self.eps[e.name].inflight for e in self.decode},
-                self.s.decode_first_threshold,
+                rule.tokens,
                 self.s.decode_slack,
+                ratio=rule.ratio,
+                p_busy=busy,
             )
             d = engines[choice.url]
             if choice.alone:
                 t.continue_leg(d, None)
             else:
-                t.p_leg(self._pick_p(conv, prompt), d, Path.RECOMPUTE)
+                t.p_leg(p, d, Path.RECOMPUTE)
         else:
             self._boomerang(t)
 

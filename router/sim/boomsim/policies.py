@@ -13,6 +13,13 @@ tokens; whether D still holds the lease). The policies:
   among the decoders within the affinity slack of the least loaded, the one caching the longest
   prefix; the turn runs on it alone when its uncached tokens are below the threshold, else P
   prefills and that decoder decodes (no D->P reuse).
+- the peers' decode-first at thresholds that fire on tool results (`decode-first-512`,
+  `-2048`, `-8192`, and `decode-first-always`: whenever a decoder caches any of the prompt,
+  it serves the turn alone), Dynamo's conditional disaggregation (`dynamo`: under 2,048
+  uncached tokens and under 0.7 of the prompt) and its load variant (`dynamo-load`: also while
+  the chosen P has 2,048 tokens queued); the same `decode_first.choose` with the router's
+  `decode_first_ratio` and `decode_first_p_busy_tokens`. The bench runs the same set on
+  equal CPU engines (`production_modes.PEERS`).
 - `static`, `adaptive`: Boomerang (bidirectional transfer on): `plan.static_plan` and
   `plan.adaptive_plan` with the router's own `CostModel`, learning online from the simulated
   legs' times exactly as the router learns from measured ones, and `Tuning`'s defaults.
@@ -32,7 +39,37 @@ from boomerang.router.plan import Facts, Plan, adaptive_plan, static_plan
 from boomerang.router.retention import GapLearner, RetentionBounds, retention_s
 from boomsim.profiles import Profile
 
-POLICIES = ("plain", "affinity", "decode-first", "static", "adaptive", "adaptive-priors")
+
+@dataclass(frozen=True)
+class DecodeFirst:
+    """A decode-first rule: the router's `decode_first_tokens`, `decode_first_ratio` and
+    `decode_first_p_busy_tokens`."""
+
+    tokens: int
+    ratio: float | None = None
+    p_busy_tokens: int | None = None
+
+
+ALWAYS = 1 << 40
+"""A threshold no prompt reaches: the caching decoder serves every turn alone."""
+PEERS: dict[str, DecodeFirst] = {
+    "decode-first-512": DecodeFirst(512),
+    "decode-first-2048": DecodeFirst(2048),
+    "decode-first-8192": DecodeFirst(8192),
+    "decode-first-always": DecodeFirst(ALWAYS),
+    "dynamo": DecodeFirst(2048, 0.7),
+    "dynamo-load": DecodeFirst(2048, 0.7, 2048),
+}
+"""The peers' decode-first rules at settings that fire (the bench's `PEERS`, plus always)."""
+POLICIES = (
+    "plain",
+    "affinity",
+    "decode-first",
+    *PEERS,
+    "static",
+    "adaptive",
+    "adaptive-priors",
+)
 BIDIRECTIONAL = frozenset({"static", "adaptive", "adaptive-priors"})
 LEASE_REFRESH_S = 1.0
 """How often (simulated seconds) the adaptive retention's quantile is recomputed."""
@@ -65,6 +102,13 @@ class Settings:
     @property
     def adaptive(self) -> bool:
         return self.policy.startswith("adaptive")
+
+    @property
+    def decode_first(self) -> DecodeFirst | None:
+        """The decode-first rule of this policy (None: not a decode-first policy)."""
+        if self.policy == "decode-first":
+            return DecodeFirst(self.decode_first_threshold)
+        return PEERS.get(self.policy)
 
     @property
     def handle_ttl_s(self) -> float:
