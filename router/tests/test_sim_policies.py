@@ -159,3 +159,16 @@ def test_each_swept_value_names_its_best_peer_per_figure() -> None:
     assert "| 1P2D | *best peer* | affinity / affinity | dynamo / dynamo |" in markdown(
         rows, "ratio"
     )
+
+
+@pytest.mark.parametrize("p_caching", [True, False])
+def test_simulated_static_forgoes_a_handle_p_already_holds_as_the_router_does(
+    p_caching: bool,
+) -> None:
+    """Issue 44 item 1: the live static's rule (`plan.forgoes_handle`, `flow.Router._forgo`):
+    when the P that computed the last prompt serves the turn and still caches it, the handle
+    is let go unverified. Without P's prefix cache nothing is forgone."""
+    topo = Topology(1, 1, p_caching=p_caching)
+    r = run(SMALL, topo, Settings("static"), stream(MULTI_TURN, 12, 5), Load(2, 4), check=True)
+    forgone = r.engines["d0"]["lease_ends"].get("forgone", 0)
+    assert (forgone > 0) is p_caching

@@ -25,7 +25,7 @@ from boomerang.connector.retained import RetainedBook
 from boomerang.router import decode_first
 from boomerang.router.affinity import Affinity, Placement
 from boomerang.router.endpoints import Endpoint, LeastWorkAffinity
-from boomerang.router.plan import Facts
+from boomerang.router.plan import Facts, forgoes_handle
 from boomsim.engine import Engine
 from boomsim.kvcache import BlockPool
 from boomsim.legs import Turn
@@ -126,6 +126,12 @@ class Cluster:
         if handle is not None and handle.expires < now:
             handle = None
         p = self._pick_p(conv, prompt)
+        if handle is not None and not self.s.adaptive:
+            placed = self.affinity.get(_key(conv), now)
+            last_p = placed.prefill if placed is not None else None
+            if forgoes_handle(last_p, p.name, p.cached_tokens(conv, prompt)):
+                handle.decode.end_lease(handle.lease, "forgone")  # the router's `_forgo`
+                handle = None
         holder = handle.decode if handle is not None else None
         d = self._pick_d(conv, holder)
         reusable = min(handle.tokens, prompt - 1) if handle is not None else 0

@@ -38,7 +38,14 @@ from boomerang.router.decode import ClientGone
 from boomerang.router.endpoints import Endpoint, pairable
 from boomerang.router.errors import ApiError
 from boomerang.router.legs import Alone, DecodeFirst, LegFailed, PrefillDecode, leg_for
-from boomerang.router.plan import Facts, Plan, adaptive_plan, after_failure, static_plan
+from boomerang.router.plan import (
+    Facts,
+    Plan,
+    adaptive_plan,
+    after_failure,
+    forgoes_handle,
+    static_plan,
+)
 from boomerang.router.reuse import REJECTED, Outcome, decide
 from boomerang.router.serving import Serving
 from boomerang.router.settle import settle
@@ -162,10 +169,11 @@ class Router(Serving):
             return
         cached = self.cached(turn)
         candidates = self.prefill.candidates()
-        if not cached.get(placed.prefill or "", 0) or not candidates:
+        held = cached.get(placed.prefill or "", 0)
+        if not held or not candidates:
             return  # P holds no whole block of it: the handle may be worth verifying
         choice = self.strategy.prefill(candidates, cached, self.work(turn))
-        if choice.url == placed.prefill:
+        if forgoes_handle(placed.prefill, choice.url, held):
             turn.p_ep = choice
             self.release(turn.forgo(), "recompute")
 

@@ -100,6 +100,16 @@ class Plan:
         return Path.PULL not in self.legs and Path.CONTINUE not in self.legs
 
 
+def forgoes_handle(placed_prefill: str | None, chosen_prefill: str | None, p_cached: int) -> bool:
+    """Static mode's rule before verifying a handle: when the P that computed the
+    conversation's last prompt (`placed_prefill`) serves this turn too and still holds a whole
+    block of it (`p_cached` tokens, the KV index or the placement says), its prefix cache holds
+    the history and D's handle could bring back only D's last answer, a few milliseconds of
+    P's compute, for a verify call, a claim and a read. The handle is then let go unverified
+    and the turn is plain P/D (`flow.Router._forgo`; the simulator applies it alike)."""
+    return placed_prefill is not None and p_cached > 0 and chosen_prefill == placed_prefill
+
+
 def static_plan(facts: Facts, floor: int) -> Plan:
     """Pull when the reuse beyond P's own cache reaches the engine's threshold, else recompute."""
     if facts.pullable and facts.beyond_p > 0 and facts.beyond_p >= floor:
