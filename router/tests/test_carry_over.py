@@ -3,7 +3,7 @@ be carried (a table), the continuation request (pure), and through the router wi
 engines: one stream in the client's framing with a usage that adds up, the rest asked of
 another engine as the prompt plus the streamed ids, the next engine tried when one fails,
 and the error event kept where nothing can take it over. Token-for-token equality with an
-uninterrupted answer needs a real model: `e2e/dataplane/test_carry_over.py`."""
+uninterrupted answer needs a real model: `e2e/dataplane/test_stream_carried_over.py`."""
 
 from __future__ import annotations
 

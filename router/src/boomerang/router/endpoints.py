@@ -120,6 +120,10 @@ class Endpoint:
     hand KV over only within one revision. None: it does not say, and pairs with any."""
     identified: bool = False
     """Its `/metrics` page was read (revision learned, or known not to be published)."""
+    reports_cached: bool = False
+    """Prefill: an answer of it stated its cached prompt tokens (`usage.says_cached`): from
+    then on a count short of a pull says the pull failed (`legs.PrefillDecode._pull_failed`);
+    before, the engine may not report them at all (no `--enable-prompt-tokens-details`)."""
     capabilities: frozenset[str] = frozenset()
     """What Boomerang's plugin says is in force on it (`/metrics`): `continue` lets the router
     send a turn straight to it as the decoder holding the history."""

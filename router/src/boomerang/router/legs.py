@@ -123,6 +123,7 @@ class PrefillDecode:
         s.prefill.succeeded(p_ep)
         params: dict[str, Any] | None = protocol.kv_params_of(data)
         turn.p_cached = usage.answer_cached(turn.req.kind, data)
+        p_ep.reports_cached |= usage.says_cached(turn.req.kind, data)
         failed = False
         if attached is not None:
             failed = params is not None and self._pull_failed(turn, p_ep)
@@ -143,6 +144,8 @@ class PrefillDecode:
         Counted and logged; the turn is then a fallback, not a hit."""
         holder = self.s.decode.get(turn.holder)
         block = (holder.block_size if holder is not None else None) or FALLBACK_BLOCK
+        if not p_ep.reports_cached:
+            return False  # its count may be absent, not 0: nothing to tell
         if not usage.pull_failed(turn.p_cached, turn.reused_tokens, block):
             return False
         self.s.metrics.failed_pulls.inc()

@@ -67,6 +67,21 @@ def pull_failed(p_cached: int | None, pulled: int, slack: int) -> bool:
     return p_cached is not None and p_cached + slack < pulled
 
 
+_DETAILS = {
+    "chat": "prompt_tokens_details",
+    "completion": "prompt_tokens_details",
+    "responses": "input_tokens_details",
+    "messages": "cache_read_input_tokens",
+}
+
+
+def says_cached(kind: str, payload: Any) -> bool:
+    """Whether an engine's answer states its cached prompt tokens explicitly: once an engine
+    has, a later answer without the field means 0 (vLLM leaves a zero out), not "unknown"."""
+    usage = payload.get("usage") if isinstance(payload, dict) else None
+    return isinstance(usage, dict) and _DETAILS.get(kind, "") in usage
+
+
 def answer_cached(kind: str, payload: Any) -> int | None:
     """`engine_cached` of a complete answer (P's JSON to the prefill request)."""
     return engine_cached(kind, payload.get("usage")) if isinstance(payload, dict) else None
