@@ -71,6 +71,10 @@ DECODER_TTL_S = 90
 within a bounded wait; a block still retained after it is a leak."""
 WORKLOAD = Workload(conversations=12, clients=4, messages=(6, 8), first=(600, 1200))
 """Per run: 12 conversations of 3-4 turns, 2 clients per replica."""
+PREFILL_TIMEOUT_S = 90.0
+"""The routers' prefill timeout: a first turn here prefills in seconds, and a D killed under
+P's read leaves P's request waiting on the transfer until this ends it (vLLM defers the
+failure until its outstanding transfers finish), so it bounds what that fault costs a turn."""
 RECOVERY_BOUND_S = 900.0
 """A stack not recovered by then is reported as such (recovery at the bound)."""
 ROUTER_PORTS = (38080, 38081)
@@ -398,7 +402,8 @@ def soak_stack(venv: Path, run_dir: Path) -> Iterator[Stack]:
         s = Stack(es, run_dir, redis_spec(run_dir))
         try:
             s.start(s.redis, 30)
-            timeouts = {"prefill_s": 600.0, "decode_first_byte_s": 600.0, "decode_total_s": 1500.0}
+            timeouts = {"prefill_s": PREFILL_TIMEOUT_S, "decode_first_byte_s": PREFILL_TIMEOUT_S,
+                        "decode_total_s": 600.0}  # fmt: skip
             for name, port in zip(("router-a", "router-b"), ROUTER_PORTS, strict=True):
                 s.routers[name] = router_spec(s, name, port, timeouts)
                 s.start(s.routers[name], 60)
