@@ -243,7 +243,8 @@ def client_errors(log_text: str, limit: int = 3) -> list[str]:
 
 
 def touched(records: Sequence[dict[str, Any]], start: float, end: float) -> int:
-    """Requests in flight at some moment of [start, end] (epoch seconds)."""
+    """Requests in flight at some moment of [start, end] (`time.monotonic()` seconds: the
+    client stamps its records on the same clock, in ms)."""
     out = 0
     for r in records:
         t0 = r["start_time_ms"] / 1000
@@ -290,12 +291,12 @@ def one_run(
     for t in threads:
         t.start()
     time.sleep(FAULT_AT_S)
-    struck = time.time()
+    struck = time.monotonic()  # the client's records are on this clock (CLOCK_MONOTONIC)
     strike(s, fault)
     model = s.es.dd.spec.model.served_name
-    while not recovered(s, model) and time.time() - struck < RECOVERY_BOUND_S:
+    while not recovered(s, model) and time.monotonic() - struck < RECOVERY_BOUND_S:
         time.sleep(0.5)
-    back = time.time()
+    back = time.monotonic()
     for t in threads:
         t.join()
     records = [r for rs in results.values() for r in rs]
