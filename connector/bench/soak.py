@@ -64,13 +64,14 @@ from boomerang.local import processes, stack
 FAULTS = ("kill-d", "stop-d", "restart-router", "kill-p", "stop-p", "restart-redis")
 STOP_S = 7.0
 """How long a stopped engine stays stopped (the issue's 5-10 s)."""
-FAULT_AT_S = 25.0
-"""Seconds into a run when its fault strikes: the clients' first turns are in flight."""
+FAULT_AT_S = 8.0
+"""Seconds into a run when its fault strikes: the clients' first turns are in flight (a run's
+turns take 20-60 s here; at 25 s they had all been answered)."""
 DECODER_TTL_S = 90
 """The soak's decoder TTL: short, so that what D retains after the last run must drain (to 0)
 within a bounded wait; a block still retained after it is a leak."""
-WORKLOAD = Workload(conversations=12, clients=4, messages=(6, 8), first=(600, 1200))
-"""Per run: 12 conversations of 3-4 turns, 2 clients per replica."""
+WORKLOAD = Workload(conversations=24, clients=8, messages=(6, 8), first=(600, 1200))
+"""Per run: 24 conversations of 3-4 turns, 4 clients per replica: turns always in flight."""
 PREFILL_TIMEOUT_S = 90.0
 """The routers' prefill timeout: a first turn here prefills in seconds, and a D killed under
 P's read leaves P's request waiting on the transfer until this ends it (vLLM defers the
@@ -452,6 +453,8 @@ def main() -> None:
     (a.out / "soak.json").write_text(json.dumps(res, indent=1) + "\n")
     RESULT.write_text(json.dumps(res, indent=1) + "\n")
     print(f"work in {a.out}; results in {RESULT}")
+    if idle := [r["serial"] for r in res["runs"] if not r["touched"]]:
+        print(f"warning: runs {idle} struck no turn in flight: their faults tested nothing")
     print(table(res))
     if a.publish:
         publish(res)
