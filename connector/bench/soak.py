@@ -106,19 +106,26 @@ class Stack:
             processes.wait_healthy(spec, self.pids[spec.name], timeout_s)
 
 
+def redis_answers() -> bool:
+    """Whether a Redis answers PING on the soak's port."""
+    with (
+        contextlib.suppress(OSError),
+        socket.create_connection(("127.0.0.1", REDIS_PORT), timeout=1.0) as conn,
+    ):
+        conn.sendall(b"PING\r\n")
+        return conn.recv(16).startswith(b"+PONG")
+    return False
+
+
 def wait_redis(pid: int, timeout_s: float) -> None:
-    """Until Redis answers PING on its port."""
+    """Until the Redis just started answers PING on its port (`soak_stack` refuses to start
+    while another answers there: it would answer for this one and outlive its restarts)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not processes.alive(pid):
-            sys.exit("redis-server exited while starting")
-        with (
-            contextlib.suppress(OSError),
-            socket.create_connection(("127.0.0.1", REDIS_PORT), timeout=1.0) as conn,
-        ):
-            conn.sendall(b"PING\r\n")
-            if conn.recv(16).startswith(b"+PONG"):
-                return
+            sys.exit(f"redis-server exited while starting (is port {REDIS_PORT} taken?)")
+        if redis_answers():
+            return
         time.sleep(0.2)
     sys.exit("redis-server did not answer in time")
 
@@ -225,6 +232,8 @@ def strike(s: Stack, fault: str) -> None:
         s.start(s.routers[name], 60)
     elif fault == "restart-redis":
         processes.kill(s.pids["redis"])
+        if redis_answers():
+            sys.exit("Redis still answers after it was killed: another one serves its port")
         s.start(s.redis, 30)
     else:
         raise ValueError(f"unknown fault {fault!r}")
@@ -403,6 +412,8 @@ def soak_stack(venv: Path, run_dir: Path) -> Iterator[Stack]:
     with engines(dd, venv) as es:
         s = Stack(es, run_dir, redis_spec(run_dir))
         try:
+            if redis_answers():
+                sys.exit(f"a Redis already answers on port {REDIS_PORT}: stop it first")
             s.start(s.redis, 30)
             timeouts = {"prefill_s": PREFILL_TIMEOUT_S, "decode_first_byte_s": PREFILL_TIMEOUT_S,
                         "decode_total_s": 600.0}  # fmt: skip
