@@ -239,6 +239,8 @@ def strike(s: Stack, fault: str) -> None:
         raise ValueError(f"unknown fault {fault!r}")
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+"""The client colours its log lines."""
 ERROR_LINE = re.compile(r"(error|exception|status[ =:]+[45]\d\d|failed)", re.I)
 
 
@@ -246,7 +248,7 @@ def client_errors(log_text: str, limit: int = 3) -> list[str]:
     """The distinct error lines the client logged (its own words: what a user would see)."""
     seen: list[str] = []
     for line in log_text.splitlines():
-        line = re.sub(r"^\S+ \S+ ", "", line.strip())[:200]
+        line = re.sub(r"^\S+ \S+ ", "", ANSI.sub("", line).strip())[:200]
         if ERROR_LINE.search(line) and "num_failures=0" not in line and line not in seen:
             seen.append(line)
     return seen[:limit]
