@@ -144,8 +144,8 @@ def best_baselines(rows: list[dict[str, Any]], key: str) -> dict[Any, dict[str, 
             continue
         best: dict[str, str] = {}
         for figure in FIGURES:
-            pick = max if figure == "turns_per_s" else min
-            best[figure] = pick(peers, key=lambda r, f=figure: r[f])["policy"]
+            ranked = sorted(peers, key=lambda r: float(r[figure]))
+            best[figure] = (ranked[-1] if figure == "turns_per_s" else ranked[0])["policy"]
         out[value] = best
     return out
 
