@@ -206,6 +206,23 @@ class StreamRelay:
         """The carried-over stream's chunks as the client's API writes them."""
         self._base: dict[str, Any] = {}
         """The first engine's chunk id, object, creation time and model."""
+        self._generation = 0
+        """Which engine stream the callbacks serve: one more per carry-over."""
+
+    def _callbacks(self) -> tuple[Callable[[bytes], None], Callable[[UpstreamError | None], None]]:
+        """The read callbacks for the engine stream of this generation: a stream left behind
+        by a carry-over (an engine that reported an error and then [DONE]) feeds nothing."""
+        generation = self._generation
+
+        def on_data(data: bytes) -> None:
+            if generation == self._generation:
+                self._on_data(data)
+
+        def on_end(error: UpstreamError | None) -> None:
+            if generation == self._generation:
+                self._on_end(error)
+
+        return on_data, on_end
 
     def end_carried(self, abort: bool = False) -> None:
         """Release (or, `abort`, close) the carried-over stream, if any (idempotent)."""
@@ -219,7 +236,7 @@ class StreamRelay:
     ) -> DecodeResult:
         """Relay until [DONE]; raises UpstreamError if D fails before the first event."""
         self._stream = resp
-        resp.divert(self._on_data, self._on_end)
+        resp.divert(*self._callbacks())
         try:
             async with asyncio.timeout(first_byte_s):
                 while not (self._started or self._failure):
@@ -287,7 +304,8 @@ class StreamRelay:
         streamed = len(self.result.output_ids)
         self._translate = Translator(kind, self._base, len(prompt), streamed, self.include_usage)
         self._events = sse.EventSplitter()
-        carried.stream.divert(self._on_data, self._on_end)
+        self._generation += 1  # what the dead stream still delivers is ignored from now on
+        carried.stream.divert(*self._callbacks())
 
     async def _wait(self) -> None:
         self._waiter = asyncio.get_running_loop().create_future()
