@@ -155,6 +155,8 @@ def test_a_fresh_router_probes_the_idle_decoder_for_its_tpot_bound(dataplane):
 
     assert eventually(lambda: probed() > 0, within_s=60.0), "the router never probed D"
     idle = calibrate.measure_tpot(dataplane.d_url, dataplane.model)
-    assert 0.5 * idle <= probed() <= 2.0 * idle, (probed(), idle)
+    # the bench's measure asks for log probabilities, which cost a little per token: the probe,
+    # which does not, reads 0.6-0.8 of it here
+    assert 0.4 * idle <= probed() <= 2.0 * idle, (probed(), idle)
     slo = pdclient.get_json(f"{router}/boomerang/v1/state")["slo"]
     assert slo["tpot_s"] == pytest.approx(slo["scale"] * probed())
