@@ -142,10 +142,10 @@ class PrefillDecode:
         """P answered, but by its own count it did not take what it was sent to pull from D
         (`usage.pull_failed`): it recomputed (a failed NIXL read; vLLM's policy `recompute`).
         Counted and logged; the turn is then a fallback, not a hit."""
-        holder = self.s.decode.get(turn.holder)
-        block = (holder.block_size if holder is not None else None) or FALLBACK_BLOCK
         if not p_ep.reports_cached:
             return False  # its count may be absent, not 0: nothing to tell
+        holder = self.s.decode.get(turn.holder)
+        block = (holder.block_size if holder is not None else None) or FALLBACK_BLOCK
         if not usage.pull_failed(turn.p_cached, turn.reused_tokens, block):
             return False
         self.s.metrics.failed_pulls.inc()
@@ -298,7 +298,7 @@ class Alone:
         turn.serve_alone(role)
         body = apis.of(turn.req.kind).plain_request(turn.req.body)
         mode: DecodeMode = "stream" if turn.req.stream else "json"
-        pool = s.prefill if role == "prefill" else s.decode
+        pool = s.pool_of(role)
 
         async def call(ep: Endpoint) -> web.StreamResponse:
             load = (s.prefill_work(turn, ep), s.work(turn)) if role == "prefill" else (1.0, 0.0)

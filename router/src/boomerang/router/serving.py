@@ -243,6 +243,10 @@ class Serving:
             broken = UpstreamError("protocol", "the answer broke off after the first byte")
             self.failover.failed(pool, ep, broken)
 
+    def pool_of(self, role: str) -> Pool:
+        """The pool of engines of `role` (prefill or decode)."""
+        return self.prefill if role == "prefill" else self.decode
+
     def _carry(self, turn: Turn, ep: Endpoint) -> Carry | None:
         """How a stream of `ep`'s goes on elsewhere if `ep` dies mid-stream (`migration.py`):
         on the least busy other decoder, else on P; None where it cannot be carried."""
@@ -253,7 +257,7 @@ class Serving:
 
         async def carry(result: DecodeResult, exc: Exception) -> Carried | None:
             nonlocal current
-            pool = self.decode if current.role == "decode" else self.prefill
+            pool = self.pool_of(current.role)
             broken = exc if isinstance(exc, UpstreamError) else UpstreamError("protocol", str(exc))
             self.failover.failed(pool, current, broken)
             dead.add(current.url)
@@ -285,7 +289,7 @@ class Serving:
     async def _carry_to(self, turn: Turn, target: Endpoint, body: dict[str, Any]) -> Carried | None:
         """Open the rest of the answer on `target` (None: it failed before answering)."""
         t = self.config.timeouts
-        pool = self.decode if target.role == "decode" else self.prefill
+        pool = self.pool_of(target.role)
         limit = timeout(t.decode_total_s, t.connect_s)
         rid = turn.engine_request_id("m")
         try:

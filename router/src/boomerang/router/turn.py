@@ -48,6 +48,7 @@ from boomerang.router import apis, logs, sessions
 from boomerang.router import conversation as conv
 from boomerang.router.affinity import Placement
 from boomerang.router.apis import DecodeResult
+from boomerang.router.cache_salt import FIELD as SALT_FIELD
 from boomerang.router.costmodel import Path
 from boomerang.router.endpoints import Endpoint, Role
 from boomerang.router.reuse import ATTACHED, Outcome, Reuse
@@ -292,7 +293,7 @@ class Turn:
     @property
     def cache_salt(self) -> str | None:
         """The salt the engines get for this request (`cache_salt.py`; None: unsalted)."""
-        salt = self.req.body.get("cache_salt")
+        salt = self.req.body.get(SALT_FIELD)
         return salt if isinstance(salt, str) and salt else None
 
     @property

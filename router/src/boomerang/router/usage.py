@@ -27,7 +27,7 @@ prompt), and `input_tokens` the rest, so that the three add up to the prompt as 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 Cached = int | Literal["own", "unknown"]
 """What the client's usage reports as not computed: a count (P's, on the P/D path), `own` (the
@@ -40,20 +40,27 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
+_CACHED_FIELD: Final = {
+    "chat": "prompt_tokens_details",
+    "completion": "prompt_tokens_details",
+    "responses": "input_tokens_details",
+    "messages": "cache_read_input_tokens",
+}
+"""Where each API's usage states the prompt tokens not computed (a count, or details holding
+`cached_tokens`)."""
+
+
 def engine_cached(kind: str, usage: Any) -> int | None:
     """What an engine's usage object says it did not compute (None: it does not say)."""
-    if not isinstance(usage, dict):
+    if not isinstance(usage, dict) or (name := _CACHED_FIELD.get(kind)) is None:
         return None
-    if kind in ("chat", "completion"):
-        details = usage.get("prompt_tokens_details")
-        if isinstance(details, dict):
-            return _int(details.get("cached_tokens"))
-        return 0 if _int(usage.get("prompt_tokens")) is not None else None
-    if kind == "responses":
-        details = usage.get("input_tokens_details")
-        return _int(details.get("cached_tokens")) if isinstance(details, dict) else None
+    value = usage.get(name)
     if kind == "messages":
-        return _int(usage.get("cache_read_input_tokens"))
+        return _int(value)
+    if isinstance(value, dict):
+        return _int(value.get("cached_tokens"))
+    if kind in ("chat", "completion"):  # vLLM leaves the details out when nothing was cached
+        return 0 if _int(usage.get("prompt_tokens")) is not None else None
     return None
 
 
@@ -67,19 +74,11 @@ def pull_failed(p_cached: int | None, pulled: int, slack: int) -> bool:
     return p_cached is not None and p_cached + slack < pulled
 
 
-_DETAILS = {
-    "chat": "prompt_tokens_details",
-    "completion": "prompt_tokens_details",
-    "responses": "input_tokens_details",
-    "messages": "cache_read_input_tokens",
-}
-
-
 def says_cached(kind: str, payload: Any) -> bool:
     """Whether an engine's answer states its cached prompt tokens explicitly: once an engine
     has, a later answer without the field means 0 (vLLM leaves a zero out), not "unknown"."""
     usage = payload.get("usage") if isinstance(payload, dict) else None
-    return isinstance(usage, dict) and _DETAILS.get(kind, "") in usage
+    return isinstance(usage, dict) and _CACHED_FIELD.get(kind, "") in usage
 
 
 def answer_cached(kind: str, payload: Any) -> int | None:
