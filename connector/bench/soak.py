@@ -40,19 +40,19 @@ import re
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import multiturn_client
+import pdclient
 import yaml
+from bench_production import source_revision
 from bench_ttft import REPO
 from production_engines import Engines, engines, retained_blocks
 from production_engines import manifest as regime_manifest
@@ -158,23 +158,12 @@ def router_spec(
     return stack.router_spec(name, cfg, port, s.run_dir, dict(os.environ))
 
 
-def get_json(url: str, timeout_s: float = 5.0) -> Any:
-    with urllib.request.urlopen(url, timeout=timeout_s) as resp:
-        return json.loads(resp.read())
-
-
 def one_turn(url: str, model: str, timeout_s: float = 120.0) -> bool:
     """One short turn through a router: whether it was answered."""
     body = {"model": model, "messages": [{"role": "user", "content": "Say hello."}],
             "max_tokens": 4}  # fmt: skip
-    req = urllib.request.Request(
-        f"{url}/v1/chat/completions",
-        json.dumps(body).encode(),
-        {"Content-Type": "application/json"},
-    )
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            return bool(json.loads(resp.read()).get("choices"))
+        return bool(pdclient.post(f"{url}/v1/chat/completions", body, timeout_s).get("choices"))
     except (OSError, ValueError):
         return False
 
@@ -182,10 +171,7 @@ def one_turn(url: str, model: str, timeout_s: float = 120.0) -> bool:
 def recovered(s: Stack, model: str) -> bool:
     """Both replicas ready with P and D, and a turn through each answered."""
     for name in s.routers:
-        try:
-            ready = get_json(f"{s.url(name)}/ready")
-        except (OSError, ValueError):
-            return False
+        ready = pdclient.get_json(f"{s.url(name)}/ready", 5.0)  # {}: no answer
         if not (ready.get("prefill") and ready.get("decode")):
             return False
     return all(one_turn(s.url(name), model) for name in s.routers)
@@ -428,12 +414,6 @@ def soak_stack(venv: Path, run_dir: Path) -> Iterator[Stack]:
                 processes.stop(pid, timeout=30)
 
 
-def revision() -> str | None:
-    done = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True, check=False)  # fmt: skip
-    return done.stdout.strip() or None
-
-
 def main() -> None:
     a = parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
@@ -441,7 +421,7 @@ def main() -> None:
     client = multiturn_client.ensure()
     run_dir = a.out / "stack"
     run_dir.mkdir(parents=True, exist_ok=True)
-    res: dict[str, Any] = {"minutes": a.minutes, "revision": revision(), "runs": []}
+    res: dict[str, Any] = {"minutes": a.minutes, "revision": source_revision(REPO), "runs": []}
     with soak_stack(venv, run_dir) as s:
         model = s.es.dd.spec.model.served_name
         if not recovered(s, model):
