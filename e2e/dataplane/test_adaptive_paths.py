@@ -17,7 +17,7 @@ import random
 import pdclient
 import pytest
 from dataplane.leasing import eventually, held_after_a_step
-from dataplane.turns import moved, reference, reuse, router_completion, same, words
+from dataplane.turns import counted, moved, reference, reuse, router_completion, same, words
 
 from boomerang.local import calibrate
 from boomerang.local.engine_client import scrape, tokens_by_source, totals
@@ -48,7 +48,7 @@ def turn(plane, router: str, prompt: list[int], *, stream: bool = False):
     counted, and the prompt tokens D served from its cache and computed meanwhile."""
     before = (reuse(router), paths(router), tokens_by_source(scrape(plane.d_url)))
     tokens, logprobs, _ = router_completion(router, plane.model, prompt, "adaptive", stream=stream)
-    outcome, path = moved(before[0], reuse(router)), moved(before[1], paths(router))
+    outcome, path = counted(router, before[0]), moved(before[1], paths(router))
     assert same((tokens, logprobs), reference(plane, prompt)), (outcome, path)
     return tokens, outcome, path, served(plane.d_url, before[2])
 

@@ -23,7 +23,7 @@ from typing import Any
 import pdclient
 import pytest
 from dataplane.leasing import eventually, metric
-from dataplane.turns import moved, reference, reuse, router_completion, same, words
+from dataplane.turns import counted, moved, reference, reuse, router_completion, same, words
 
 from boomerang.local.engine_client import scrape, tokens_by_source
 
@@ -95,7 +95,7 @@ def test_adaptive_retention_frees_d_s_memory_long_before_the_ttl(dataplane):
     prompt = words(rng, 700)
     before = reuse(router)
     tokens, logprobs, _ = router_completion(router, dataplane.model, prompt, "gone", stream=False)
-    assert moved(before, reuse(router)) == {"miss": 1.0}
+    assert counted(router, before) == {"miss": 1.0}
     assert same((tokens, logprobs), reference(dataplane, prompt))
     assert eventually(lambda: metric(d, USAGE) > baseline, within_s=5.0)
     started = time.monotonic()
@@ -111,7 +111,7 @@ def test_adaptive_retention_frees_d_s_memory_long_before_the_ttl(dataplane):
     later = history + words(rng, 40)
     before, by_source = reuse(router), tokens_by_source(scrape(d))
     out = router_completion(router, dataplane.model, later, "gone", stream=False)
-    assert moved(before, reuse(router)) == {"cached": 1.0}
+    assert counted(router, before) == {"cached": 1.0}
     served = moved(by_source, tokens_by_source(scrape(d)))
     assert served.get("local_cache_hit", 0.0) >= len(history) - 128, served  # whole blocks
     assert same(out[:2], reference(dataplane, later))
@@ -154,6 +154,6 @@ def test_a_renewed_conversation_still_pulls_and_matches_one_engine(dataplane, st
     before = reuse(static_router)
     pulled = pdclient.external_tokens(scrape(dataplane.p_url))
     out = router_completion(static_router, dataplane.model, later, "renewed", stream=True)
-    assert moved(before, reuse(static_router)) == {"hit": 1.0}
+    assert counted(static_router, before) == {"hit": 1.0}
     assert pdclient.external_tokens(scrape(dataplane.p_url)) - pulled >= len(prompt) - 128
     assert same(out[:2], reference(dataplane, later))

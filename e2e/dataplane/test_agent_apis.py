@@ -18,7 +18,7 @@ from typing import Any
 
 import pdclient
 import pytest
-from dataplane.turns import LOGPROB_TOL, moved, reuse
+from dataplane.turns import LOGPROB_TOL, counted, reuse
 
 from boomerang.local.engine_client import samples
 
@@ -118,7 +118,7 @@ def test_responses_agent_loop_reuses_every_turn_and_matches_one_engine(dataplane
         else:
             answer = client.responses.create(**body, **extra)
         output = [item.model_dump(exclude_none=True) for item in answer.output]
-        check_turn(turn, moved(before, reuse(router)), external(dataplane) - ext)
+        check_turn(turn, counted(router, before), external(dataplane) - ext)
         text, logprobs = output_text(output), output_logprobs(output)
         ref_text, ref_logprobs = responses_reference(dataplane, body)
         assert text == ref_text, turn
@@ -147,7 +147,7 @@ def test_responses_without_a_conversation_id_are_found_by_their_history(dataplan
         answer = client.responses.create(
             model=dataplane.model, input=items, max_output_tokens=MAX_TOKENS, store=False, **GREEDY
         )
-        check_turn(turn, moved(before, reuse(router)), 1.0)
+        check_turn(turn, counted(router, before), 1.0)
         items += [item.model_dump(exclude_none=True) for item in answer.output]
         items.append({"role": "user", "content": f"And then {turn}? " * 20})
 
@@ -172,7 +172,7 @@ def test_reasoning_the_template_drops_reuses_the_blocks_before_it(dataplane, rou
         before, ext = reuse(router), external(dataplane)
         answer = client.responses.create(**body, extra_headers={"X-Conversation-Id": "think"})
         output = [item.model_dump(exclude_none=True) for item in answer.output]
-        outcome = moved(before, reuse(router))
+        outcome = counted(router, before)
         check_turn(turn, outcome, external(dataplane) - ext)
         assert [item["type"] for item in output] == ["reasoning"]
         assert turn == 0 or outcome == {"partial": 1.0}
@@ -224,7 +224,7 @@ def test_messages_agent_loop_reuses_every_turn_and_matches_one_engine(dataplane,
                 answer = stream.get_final_message()
         else:
             answer = client.messages.create(**body, **extra)
-        check_turn(turn, moved(before, reuse(router)), external(dataplane) - ext)
+        check_turn(turn, counted(router, before), external(dataplane) - ext)
         content = [block.model_dump(exclude_none=True) for block in answer.content]
         assert blocks_text(content) == messages_reference(dataplane, {**body, **GREEDY}), turn
         use = {"type": "tool_use", "id": f"toolu_{turn}", "name": "get_weather"}

@@ -19,7 +19,7 @@ from typing import Any
 
 import pdclient
 import pytest
-from dataplane.turns import moved, reuse
+from dataplane.turns import counted, reuse
 
 from boomerang.local.engine_client import samples
 
@@ -81,7 +81,7 @@ def test_a_header_identified_agent_loop_is_found_by_its_session(dataplane, route
             extra_headers=session,
             **GREEDY,
         )
-        check_turn(turn, moved(before, reuse(router)))
+        check_turn(turn, counted(router, before))
         usage = answer.usage
         assert usage is not None and usage.prompt_tokens_details is not None
         cached = usage.prompt_tokens_details.cached_tokens
@@ -111,7 +111,7 @@ def test_openai_chat_prompt_cache_key_and_retention(dataplane, router):
             prompt_cache_retention=retention,  # type: ignore[arg-type]
             **GREEDY,
         )
-        check_turn(turn, moved(before, reuse(router)))
+        check_turn(turn, counted(router, before))
         usage = answer.usage
         assert usage is not None and usage.prompt_tokens_details is not None
         cached = usage.prompt_tokens_details.cached_tokens
@@ -148,7 +148,7 @@ def test_openai_responses_prompt_cache_key_and_cached_tokens(dataplane, router):
                 answer = stream.get_final_response()
         else:
             answer = client.responses.create(**body)
-        check_turn(turn, moved(before, reuse(router)))
+        check_turn(turn, counted(router, before))
         usage = answer.usage
         assert usage is not None
         cached = usage.input_tokens_details.cached_tokens
@@ -190,7 +190,7 @@ def test_anthropic_cache_control_with_both_ttls_and_cache_usage(dataplane, route
                 answer = stream.get_final_message()
         else:
             answer = client.messages.create(**body)
-        check_turn(turn, moved(before, reuse(router)))
+        check_turn(turn, counted(router, before))
         usage = answer.usage
         read, created = usage.cache_read_input_tokens, usage.cache_creation_input_tokens
         assert read is not None and created is not None, usage
@@ -238,7 +238,7 @@ def test_sub_agents_under_their_parent_s_session_keep_their_own_kv(dataplane, ro
                 model=dataplane.model, system=system, messages=msgs, max_tokens=MAX_TOKENS,
                 extra_headers=session, extra_body=GREEDY,
             )  # fmt: skip
-            check_turn(turn, moved(before, reuse(router)))
+            check_turn(turn, counted(router, before))
             content = [block.model_dump(exclude_none=True) for block in answer.content]
             msgs += [
                 {"role": "assistant", "content": content},

@@ -23,14 +23,13 @@ from dataplane.turns import (
     MAX_TOKENS,
     chat,
     chat_reference,
-    moved,
+    counted,
     reference,
     reuse,
     router_completion,
     same,
     words,
 )
-from kube import wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
@@ -50,7 +49,7 @@ def run_conversation(plane, router: str, conv: str, turns: int, stream_turns: se
         tokens, logprobs, _ = router_completion(
             router, plane.model, prompt, conv, stream=turn in stream_turns
         )
-        history.append((list(prompt), tokens, logprobs, moved(before, reuse(router))))
+        history.append((list(prompt), tokens, logprobs, counted(router, before)))
         prompt = prompt + tokens + words(rng, 120)
     return history
 
@@ -76,7 +75,7 @@ def test_multi_turn_chat_streaming_and_not_reuses_and_matches(dataplane, router)
         messages.append({"role": "user", "content": f"Question {turn}: " + "tell me more " * 30})
         before = reuse(router)
         text, lps = chat(router, dataplane.model, messages, stream=turn % 2 == 1)
-        outcome = moved(before, reuse(router))
+        outcome = counted(router, before)
         assert outcome == ({"miss": 1.0} if turn == 0 else {"hit": 1.0}), (turn, outcome)
         assert same((text, lps), chat_reference(dataplane, messages))
         messages.append({"role": "assistant", "content": text})
@@ -114,7 +113,7 @@ def test_conversation_id_of_another_tenant_gives_no_reuse(dataplane, tmp_path):
     forged = prompt + first + words(rng, 50)  # mallory even knows alice's exact history
     before = reuse(url)
     out = call("key-mallory", forged)["choices"][0]
-    assert moved(before, reuse(url)) == {"miss": 1.0}
+    assert counted(url, before) == {"miss": 1.0}
     assert out["token_ids"] == reference(dataplane, forged)[0]
 
 
@@ -127,7 +126,7 @@ def test_expired_handle_recomputes_without_error(dataplane):
     nxt = prompt + tokens + words(rng, 50)
     before = reuse(url)
     result = router_completion(url, dataplane.model, nxt, "conv-ttl", stream=True)[:2]
-    assert moved(before, reuse(url)) == {"expired": 1.0}
+    assert counted(url, before) == {"expired": 1.0}
     assert same(result, reference(dataplane, nxt))
 
 
@@ -160,7 +159,7 @@ def test_concurrent_turns_of_one_conversation_never_share_a_handle(dataplane, ro
             for b in branches
         ]
         results = [f.result()[:2] for f in futures]
-    assert moved(before, reuse(router)).get("hit", 0.0) <= 1.0
+    assert counted(router, before, turns=3).get("hit", 0.0) <= 1.0
     for branch, result in zip(branches, results, strict=True):
         assert same(result, reference(dataplane, branch))
 
@@ -175,12 +174,11 @@ def test_two_routers_sharing_redis_hand_a_conversation_over(dataplane, redis_url
     tokens, _, _ = router_completion(a, dataplane.model, prompt, "conv-redis", stream=False)
     # A router files D's handle (a Redis write) and counts the turn after it answered: the next
     # turn goes once router A counted this one, as a client's next turn comes after it read.
-    wait_until("router A counted the first turn", lambda: moved(before_a, reuse(a)), 10, 0.05)
+    counted(a, before_a)
     nxt = prompt + tokens + words(rng, 60)
     before = reuse(b)
     result = router_completion(b, dataplane.model, nxt, "conv-redis", stream=False)[:2]
-    wait_until("router B counted the second turn", lambda: moved(before, reuse(b)), 10, 0.05)
-    assert moved(before, reuse(b)) == {"hit": 1.0}
+    assert counted(b, before) == {"hit": 1.0}
     assert same(result, reference(dataplane, nxt))
 
 
@@ -207,7 +205,7 @@ def test_decoder_killed_between_turns_next_turn_recomputes(dataplane):
     assert same(result[:2], reference(dataplane, nxt))
     # The router voided the handle of the D that went away (a restarted D lost the blocks,
     # and vLLM 0.32's P hangs reading them): the turn recomputes, quickly.
-    assert moved(before, reuse(router)) == {"fallback": 1.0}
+    assert counted(router, before) == {"fallback": 1.0}
     assert took < 15.0, f"the turn after a decoder restart took {took:.1f} s"
 
 

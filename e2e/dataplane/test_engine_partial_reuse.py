@@ -22,7 +22,7 @@ import pytest
 from dataplane.turns import (
     chat_body,
     chat_reference,
-    moved,
+    counted,
     reference,
     reuse,
     router_completion,
@@ -68,7 +68,7 @@ def pulled_and_outcome(plane, router: str, send) -> tuple[Any, float, dict[str, 
     p_before, r_before = pdclient.external_tokens(pdclient.scrape(plane.p_url)), reuse(router)
     result = send()
     pulled = pdclient.external_tokens(pdclient.scrape(plane.p_url)) - p_before
-    return result, pulled, moved(r_before, reuse(router))
+    return result, pulled, counted(router, r_before)
 
 
 def completion_turn(plane, router: str, conv: str, prompt: list[int], block: int, held):

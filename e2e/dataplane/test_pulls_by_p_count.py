@@ -15,7 +15,7 @@ import random
 
 import pdclient
 import pytest
-from dataplane.turns import moved, reuse, router_completion, words
+from dataplane.turns import counted, reuse, router_completion, words
 
 from boomerang.local.engine_client import samples
 
@@ -31,7 +31,7 @@ def test_a_pull_p_took_is_a_hit_never_a_failed_pull(dataplane) -> None:
         tokens, _, answer = router_completion(
             router, dataplane.model, prompt, "pulls", stream=False
         )
-        outcome = moved(before, reuse(router))
+        outcome = counted(router, before)
         if turn:
             assert outcome == {"hit": 1.0}, outcome
             cached = answer["usage"]["prompt_tokens_details"]["cached_tokens"]

@@ -14,7 +14,7 @@ import random
 
 import pytest
 from dataplane.restart import restart_decoder
-from dataplane.turns import moved, reference, reuse, router_completion, same, words
+from dataplane.turns import counted, reference, reuse, router_completion, same, words
 
 from boomerang.connector.config import (
     CONTINUE_CAPABILITY,
@@ -60,7 +60,7 @@ def test_a_router_serves_p_alone_rather_than_pair_it_with_a_decoder_of_another_r
         assert totals(scrape(dataplane.d_url), "vllm:request_success_total", "engine") == (
             d_requests
         )  # D, of another revision, got nothing
-        assert moved(before, reuse(router)) == {"miss": 1.0}
+        assert counted(router, before) == {"miss": 1.0}
     finally:
         restart_decoder(dataplane, router)
     # One revision again: P and D pair, and the next turn of a conversation pulls D's KV.
@@ -69,4 +69,4 @@ def test_a_router_serves_p_alone_rather_than_pair_it_with_a_decoder_of_another_r
     before = reuse(router)
     result = router_completion(router, dataplane.model, nxt, "conv-rev2", stream=False)
     assert same(result[:2], reference(dataplane, nxt))
-    assert moved(before, reuse(router)) == {"hit": 1.0}
+    assert counted(router, before) == {"hit": 1.0}

@@ -9,6 +9,7 @@ from typing import Any
 
 import pdclient
 import pytest
+from kube import wait_until
 
 from boomerang.local.engine_client import totals
 
@@ -32,6 +33,18 @@ def reuse(router: str) -> dict[str, float]:
 
 def moved(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     return {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+
+
+def counted(router: str, before: dict[str, float], turns: int = 1) -> dict[str, float]:
+    """The reuse outcomes of the `turns` turns served since `before`, once the router counted
+    them: it counts a turn after its answer went out (`flow._finish`), so a scrape made as the
+    answer arrives may not see it yet (a CI run read `{}` so)."""
+
+    def done() -> dict[str, float] | None:
+        after = reuse(router)
+        return after if sum(after.values()) - sum(before.values()) >= turns else None
+
+    return moved(before, wait_until(f"{router} counted {turns} turn(s)", done, 10, 0.05))
 
 
 def words(rng: random.Random, n: int) -> list[int]:
