@@ -40,10 +40,10 @@ def tpot_slo_s(basis: Mapping[str, float], scale: float) -> float:
 
 def meets(record: Mapping[str, Any], basis: Mapping[str, float], scale: float) -> bool:
     """Whether one recorded turn met both bounds (a one-token answer has no TPOT to miss)."""
-    ttft_ok = record["ttft_ms"] / 1000 <= ttft_slo_s(basis, record["input_num_tokens"], scale)
+    ttft_ok = bool(record["ttft_ms"] / 1000 <= ttft_slo_s(basis, record["input_num_tokens"], scale))
     if record.get("output_num_tokens", 0) <= 1:
         return ttft_ok
-    return ttft_ok and record["tpot_ms"] / 1000 <= tpot_slo_s(basis, scale)
+    return ttft_ok and bool(record["tpot_ms"] / 1000 <= tpot_slo_s(basis, scale))
 
 
 Basis = Mapping[str, float]

@@ -77,3 +77,18 @@ def test_without_prefix_caching_nothing_stays_after_a_request(caching: bool) -> 
     assert pool.held(1) == (4 if caching else 0)
     assert pool.free == (6 if caching else 10)
     pool.check()
+
+
+def test_the_cpu_tier_keeps_the_longest_prompt_and_evicts_the_least_recently_used() -> None:
+    from boomsim.kvcache import CpuTier
+
+    tier = CpuTier(capacity=1000)
+    tier.put(1, 400)
+    tier.put(2, 400)
+    tier.put(1, 300)  # a shorter prompt never replaces a longer one
+    assert tier.get(1) == 400 and tier.used == 800
+    tier.put(3, 400)  # over capacity: 2 is the least recently used (1 was just read)
+    assert tier.get(2) == 0 and tier.get(1) == 400 and tier.get(3) == 400
+    assert tier.used == 800 and tier.evicted == 400
+    tier.put(4, 2000)  # larger than the tier: not stored, nothing evicted for it
+    assert tier.get(4) == 0 and tier.used == 800

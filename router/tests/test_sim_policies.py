@@ -147,18 +147,41 @@ def test_dynamo_s_load_variant_skips_a_busy_p() -> None:
 def test_each_swept_value_names_its_best_peer_per_figure() -> None:
     from boomsim.sweep import best_baselines, markdown
 
-    def row(policy: str, follow: float, tps: float) -> dict[str, Any]:
-        figures = {"ttft_p50": 1.0, "ttft_p99": 2.0, "follow_p50": follow, "follow_p99": 2 * follow}
-        return {"ratio": "1P2D", "policy": policy, **figures, "tpot_p50": 0.02,
-                "turns_per_s": tps, "paths": {}}  # fmt: skip
+    def row(policy: str, follow: float, tps: float, goodput: float) -> dict[str, Any]:
+        figures = {"first_p50": 1.0, "follow_p50": follow, "follow_p99": 2 * follow,
+                   "tpot_p50": 0.02, "tpot_p99": 0.03, "goodput": goodput,
+                   "attainment": goodput / tps}  # fmt: skip
+        return {"ratio": "1P2D", "policy": policy, **figures, "turns_per_s": tps, "paths": {}}
 
-    rows = [row("affinity", 0.3, 5.0), row("dynamo", 0.1, 4.0), row("adaptive", 0.05, 9.0)]
+    rows = [
+        row("affinity", 0.3, 5.0, 2.0),
+        row("dynamo", 0.1, 4.0, 3.0),
+        row("adaptive", 0.05, 9.0, 8.0),
+    ]
     best = best_baselines(rows, "ratio")["1P2D"]
     assert best["follow_p50"] == "dynamo"  # Boomerang's own rows are not peers
     assert best["turns_per_s"] == "affinity"  # throughput: the highest
-    assert "| 1P2D | *best peer* | affinity / affinity | dynamo / dynamo |" in markdown(
-        rows, "ratio"
-    )
+    assert best["goodput"] == "dynamo"
+    table = markdown(rows, "ratio")
+    assert "| 1P2D | *best peer* | affinity | dynamo | dynamo |" in table
+    assert "| 1P2D | adaptive | 1.00 s | 50 ms | 100 ms | 20 ms / 30 ms | 8.00 (89%) |" in table
+
+
+def test_a_row_over_seeds_is_the_median_with_its_band() -> None:
+    from boomsim.sweep import FIGURES, banded, markdown
+
+    def run_of(seed: int, follow: float) -> dict[str, Any]:
+        figures = dict.fromkeys(FIGURES, 1.0) | {"follow_p50": follow}
+        return {"kv": 4, "policy": "adaptive", **figures, "turns": 10 + seed,
+                "paths": {"pull": seed}}  # fmt: skip
+
+    rows = banded([run_of(0, 0.3), run_of(1, 0.1), run_of(2, 0.2)], "kv")
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["follow_p50"] == 0.2 and row["band"]["follow_p50"] == [0.1, 0.3]
+    assert row["paths"] == {"pull": 1} and row["seeds"] == 3
+    assert "| 200 ms [100 ms-300 ms] |" in markdown(rows, "kv")
+    assert "Medians over 3 seeds" in markdown(rows, "kv")
 
 
 @pytest.mark.parametrize("p_caching", [True, False])
@@ -172,3 +195,19 @@ def test_simulated_static_forgoes_a_handle_p_already_holds_as_the_router_does(
     r = run(SMALL, topo, Settings("static"), stream(MULTI_TURN, 12, 5), Load(2, 4), check=True)
     forgone = r.engines["d0"]["lease_ends"].get("forgone", 0)
     assert (forgone > 0) is p_caching
+
+
+def test_p_s_cpu_tier_loads_the_prompts_its_gpu_cache_lost_but_never_the_answer() -> None:
+    """llm-d's multi-tier P (issue 44 item 2): with P's KV too small for the histories, the
+    tier's loads replace recomputation, and what a turn loads is at most the previous prompt
+    (prompt-only offloading): the previous answer is still computed."""
+    topo = Topology(1, 1, p_blocks=600)  # 9,600 tokens: two or three histories
+    convs = list(stream(MULTI_TURN, 24, 7))
+    plain = run(SMALL, topo, Settings("affinity"), iter(convs), Load(4, 8), check=True)
+    tier = run(SMALL, topo, Settings("cpu-tier"), iter(convs), Load(4, 8), check=True)
+    assert plain.engines["p0"]["loaded"] == 0
+    assert tier.engines["p0"]["loaded"] > 0
+    assert tier.engines["p0"]["computed"] < plain.engines["p0"]["computed"]
+    answers = sum(a for turns in convs for _, a, _ in turns[:-1])
+    assert tier.engines["p0"]["computed"] >= answers
+    assert tier.summary["follow_p50"] < plain.summary["follow_p50"]

@@ -1,6 +1,7 @@
 """`python -m boomsim` (`make sim`): the calibration table, the sweeps, the plot, the speed.
 
-make sim                      # calibration, every sweep at full size, plot (minutes)
+make sim                      # calibration, every sweep at full size over 3 seeds, plot, and
+                              # docs/simulation.md's tables (stamped: `publish.py`)
 make sim ARGS=--quick         # the same, smaller (seconds); written to a temporary folder
 make sim ARGS="speed --turns 1000000"
 make sim ARGS=fit             # re-derive the GPU profile's fitted constants
@@ -15,9 +16,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from boomsim import calibrate, plot, speed, sweep
+from boomsim import calibrate, plot, publish, speed, sweep
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
+SWEEPS = (
+    ("ratios", "ratio", sweep.ratios, "P:D ratio (agentic sessions, {spd} per decoder arriving "
+     "at {rate}/s per decoder)"),
+    ("sessions", "sessions", sweep.sessions, "Sessions (4P8D, N agentic sessions arriving "
+     f"within {sweep.SESSION_WINDOW_S:.0f} s)"),
+    ("kv", "kv_blocks", sweep.kv, "KV per role (1P2D, both roles at N blocks of 16 tokens; "
+     "226,000 is the H200 default)"),
+    ("suffix", "suffix", sweep.suffix, "Suffix length (1P2D, vLLM's multi-turn shape with user "
+     "turns of s/2..s tokens, 32 clients, {sc} conversations)"),
+)  # fmt: skip
+"""Each sweep: its results key, the swept field, the function, the heading it is published
+under."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -37,26 +50,34 @@ def main(argv: list[str] | None = None) -> None:
     if args.what == "speed":
         print(json.dumps(speed.measure(args.turns), indent=1))
         return
+    published: dict[str, str] = {}
     if args.what in ("all", "calibrate"):
         rows = calibrate.gpu_table()
         results["calibration"] = rows
+        published["calibration"] = calibrate.gpu_markdown(rows)
         print("Seeds' 1P1D table (Qwen3-32B, P's prefix cache off), mean TTFT:\n")
-        print(calibrate.gpu_markdown(rows) + "\n")
+        print(published["calibration"] + "\n")
     if args.what in ("all", "sweep"):
         sizes = sweep.QUICK if args.quick else sweep.FULL
-        for name, key, fn in (
-            ("ratios", "ratio", sweep.ratios),
-            ("sessions", "sessions", sweep.sessions),
-            ("kv", "kv_blocks", sweep.kv),
-            ("suffix", "suffix", sweep.suffix),
-        ):
+        sections = []
+        for name, key, fn, heading in SWEEPS:
             start = time.process_time()
             rows = fn(sizes)
             results[name] = rows
+            table = sweep.markdown(rows, key)
+            title = heading.format(
+                spd=sizes.sessions_per_decoder,
+                rate=sizes.rate_per_decoder,
+                sc=sizes.suffix_conversations,
+            )
+            sections.append(f"### {title}\n\n{table}")
             print(f"Sweep: {name} ({time.process_time() - start:.1f} s CPU)\n")
-            print(sweep.markdown(rows, key) + "\n")
+            print(table + "\n")
+        published["sweeps"] = "\n\n".join(sections)
         out.mkdir(parents=True, exist_ok=True)
         print(f"Plot: {plot.pd_ratio(results['ratios'], out / 'pd_ratio.png')}")
+    if args.what == "all" and out == RESULTS:  # the full run, into the repository
+        print(f"Published: {publish.publish(published)}")
     if results:
         out.mkdir(parents=True, exist_ok=True)
         (out / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")

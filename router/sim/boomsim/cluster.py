@@ -27,12 +27,13 @@ from boomerang.router.affinity import Affinity, Placement
 from boomerang.router.endpoints import Endpoint, LeastWorkAffinity
 from boomerang.router.plan import Facts, forgoes_handle
 from boomsim.engine import Engine
-from boomsim.kvcache import BlockPool
+from boomsim.kvcache import BlockPool, CpuTier
 from boomsim.legs import Turn
 from boomsim.loop import Loop
 from boomsim.metrics import Metrics
 from boomsim.policies import Path, Planner, Settings
 from boomsim.profiles import Profile
+from boomsim.slo import Slo
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class Cluster:
         self.loop, self.p, self.s = loop, profile, settings
         self.planner = Planner(settings, profile)
         self.metrics = Metrics()
+        self.slo = Slo(profile)
         bidir = settings.bidirectional
         self.prefill = [
             self._engine(f"p{i}", "prefill", topo.p_blocks, topo.p_caching)
@@ -72,6 +74,8 @@ class Cluster:
         ]
         for d in self.decode:
             d.book = RetainedBook() if bidir else None
+        for p in self.prefill:
+            p.tier = CpuTier(profile.tier_tokens) if settings.cpu_tier else None
         self.eps = {e.name: Endpoint(e.name, e.role) for e in self.prefill + self.decode}  # type: ignore[arg-type]
         self.strategy = LeastWorkAffinity()
         self.affinity = Affinity(capacity=1_000_000, ttl_s=3600.0)
@@ -96,7 +100,7 @@ class Cluster:
         if policy == "plain":
             p = self._least(self.prefill, work=True)
             t.p_leg(p, self._least(self.decode, work=False), Path.RECOMPUTE)
-        elif policy == "affinity":
+        elif policy in ("affinity", "cpu-tier"):
             p = self._pick_p(conv, prompt)
             t.p_leg(p, self._pick_d(conv, None), Path.RECOMPUTE)
         elif (rule := self.s.decode_first) is not None:

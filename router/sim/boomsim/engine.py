@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from boomerang.connector.retained import RetainedBook
-from boomsim.kvcache import PINNED, BlockPool
+from boomsim.kvcache import PINNED, BlockPool, CpuTier
 from boomsim.loop import Loop
 from boomsim.profiles import Profile
 
@@ -49,6 +49,7 @@ class Req:
         "on_loaded",
         "prompt",
         "remote",
+        "tier",
     )
 
     def __init__(
@@ -70,6 +71,8 @@ class Req:
         self.hold = hold
         """Keep the blocks when done (P: until D has read them; `Engine.let_go`)."""
         self.load = self.compute = self.computed = self.ctx = 0
+        self.tier = False
+        """What it loads comes from P's CPU tier (PCIe), not a remote engine (NIXL)."""
         self.first_at = 0.0
 
 
@@ -90,6 +93,8 @@ class Engine:
         self.recompute_threshold = recompute_threshold
         """kv_recompute_threshold: a load of fewer tokens is computed instead."""
         self.book: RetainedBook | None = None
+        self.tier: CpuTier | None = None
+        """P's CPU memory tier (the `cpu-tier` policy), else None."""
         self.lease_conv: dict[str, int] = {}
         self.conv_lease: dict[int, str] = {}
         self.lease_ends: dict[str, int] = {}
@@ -144,12 +149,21 @@ class Engine:
             load = max(0, req.remote - cached)
             if load < self.recompute_threshold:
                 load = 0
+            if not load and self.tier is not None:  # one source a request: NIXL first
+                stored = min(
+                    self.tier.get(req.conv), (req.prompt - 1) // p.block_size * p.block_size
+                )
+                load = max(0, stored - cached)
+                req.tier = load > 0
             req.load, req.ctx = load, cached + load
             req.compute = req.computed = req.prompt - cached - load
             if req.load > 0:
                 self.loading += 1
                 self.loaded += req.load
-                xfer = p.pull_s(load) if self.role == "prefill" else p.transfer_s(load)
+                if req.tier:
+                    xfer = p.tier_s(load)
+                else:
+                    xfer = p.pull_s(load) if self.role == "prefill" else p.transfer_s(load)
                 self.loop.at(self.loop.now + xfer, self._loaded, req)
             else:
                 if req.on_loaded is not None:
@@ -236,6 +250,8 @@ class Engine:
                 continue
             self.waiting.remove(req)
             req.first_at = now
+            if self.tier is not None:  # the prompt just computed, offloaded in whole blocks
+                self.tier.put(req.conv, req.prompt // self.p.block_size * self.p.block_size)
             req.on_first(req, now)
             if req.decode > 1:
                 req.decode -= 1

@@ -144,3 +144,36 @@ class BlockPool:
             raise AssertionError(f"blocks not conserved: {total} != {self.capacity}")
         if set(self.lru) != {c for c, (_, s) in self.items.items() if s == CACHED}:
             raise AssertionError("LRU order out of step with the cached items")
+
+
+class CpuTier:
+    """A prefill engine's CPU memory tier (vLLM's OffloadingConnector beside NIXL, as llm-d's
+    P/D multi-tier guide sets P up): what it stores of each conversation is the last prompt P
+    computed, in whole blocks (`offload_prompt_only`: never the answer, which only D computed),
+    least recently used first out when `capacity` tokens are full."""
+
+    __slots__ = ("capacity", "evicted", "held", "used")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.held: OrderedDict[int, int] = OrderedDict()
+        self.used = 0
+        self.evicted = 0
+
+    def get(self, conv: int) -> int:
+        """The tokens stored for a conversation (0: none); a hit is a use."""
+        tokens = self.held.get(conv, 0)
+        if tokens:
+            self.held.move_to_end(conv)
+        return tokens
+
+    def put(self, conv: int, tokens: int) -> None:
+        """Store a conversation's prompt (a longer one replaces the shorter), evicting LRU."""
+        if tokens <= self.held.get(conv, 0) or tokens > self.capacity:
+            return
+        self.used += tokens - self.held.pop(conv, 0)
+        self.held[conv] = tokens
+        while self.used > self.capacity:
+            _, gone = self.held.popitem(last=False)
+            self.used -= gone
+            self.evicted += gone

@@ -151,5 +151,7 @@ class Turn:
             c.handles[self.conv] = Handle(d, lease, tokens, now + c.s.handle_ttl_s)
         c.placed(self.conv, self.p, d, self.prompt)
         c.last_answer[self.conv] = now
-        c.metrics.finished(self.answer, req.first_at, now)
+        tpot = (now - req.first_at) / (self.answer - 1) if self.answer > 1 else None
+        met = c.slo.meets(self.prompt, self.answer, req.first_at - self.t0, tpot)
+        c.metrics.finished(self.answer, req.first_at, now, met=met)
         self.done(now)

@@ -1,4 +1,4 @@
-"""Per-turn records and their summary: TTFT and TPOT percentiles, paths, throughput.
+"""Per-turn records and their summary: TTFT and TPOT percentiles, paths, throughput, goodput.
 
 Why compact: a million turns must fit and summarise quickly, so a turn is a few numbers in
 flat arrays (no object per turn), first turns and follow-ups apart (they answer different
@@ -29,6 +29,8 @@ class Metrics:
         self.paths: dict[str, int] = {}
         self.out_tokens = 0
         self.turns = 0
+        self.met = 0
+        """Turns that met both SLO bounds (`slo.Slo`)."""
         self.first_at = float("inf")
         self.last_at = 0.0
         self.p_leg: array[float] = array("d")
@@ -42,8 +44,9 @@ class Metrics:
         (self.ttft_first if index == 0 else self.ttft_follow).append(ttft)
         self.paths[path] = self.paths.get(path, 0) + 1
 
-    def finished(self, answer: int, first_at: float, t: float) -> None:
+    def finished(self, answer: int, first_at: float, t: float, *, met: bool) -> None:
         self.turns += 1
+        self.met += met
         self.out_tokens += answer
         if answer > 1:
             self.tpot.append((t - first_at) / (answer - 1))
@@ -65,6 +68,8 @@ class Metrics:
             "tpot_p50": percentile(self.tpot, 0.5),
             "tpot_p99": percentile(self.tpot, 0.99),
             "turns_per_s": self.turns / span,
+            "goodput": self.met / span,
+            "attainment": self.met / self.turns if self.turns else float("nan"),
             "out_tokens_per_s": self.out_tokens / span,
             "span_s": span,
             "p_leg_mean": sum(self.p_leg) / len(self.p_leg) if self.p_leg else float("nan"),

@@ -5,7 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from boomsim.policies import POLICIES
+PLOTTED = (
+    "plain",
+    "affinity",
+    "cpu-tier",
+    "decode-first-2048",
+    "decode-first-8192",
+    "dynamo-load",
+    "static",
+    "adaptive",
+)
+"""The policies drawn (the tables have every one): a line per colour of the default cycle."""
 
 
 def pd_ratio(rows: list[dict[str, Any]], out: Path) -> Path:
@@ -18,7 +28,7 @@ def pd_ratio(rows: list[dict[str, Any]], out: Path) -> Path:
     ratios = list(dict.fromkeys(r["ratio"] for r in rows))
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharex=True)
     for ax, key, title in ((axes[0], "follow_p50", "p50"), (axes[1], "follow_p99", "p99")):
-        for policy in POLICIES:
+        for policy in PLOTTED:
             ys = [
                 next(r[key] for r in rows if r["ratio"] == x and r["policy"] == policy)
                 for x in ratios

@@ -9,6 +9,11 @@ tokens; whether D still holds the lease). The policies:
   engines run without bidirectional transfer), whatever P's own prefix cache holds.
 - `affinity`: the same engines, P and D chosen by `endpoints.LeastWorkAffinity` with what each
   holds (llm-d's and Dynamo's routing).
+- `cpu-tier`: `affinity` with a CPU memory tier on every P (llm-d's P/D multi-tier guide:
+  NIXL and vLLM's OffloadingConnector, 100 GiB): P stores the prompts it computed, in whole
+  blocks (prompt only: never the previous answer), LRU, and loads a conversation's stored
+  prompt over PCIe instead of computing it when its GPU cache has lost it; one source per
+  request, NIXL's first. The router does not see the tier (the guide's plain variant).
 - `decode-first`: the router's own `decode_first.choose` (llm-d's prefix-based P/D decider):
   among the decoders within the affinity slack of the least loaded, the one caching the longest
   prefix; the turn runs on it alone when its uncached tokens are below the threshold, else P
@@ -64,6 +69,7 @@ PEERS: dict[str, DecodeFirst] = {
 POLICIES = (
     "plain",
     "affinity",
+    "cpu-tier",
     "decode-first",
     *PEERS,
     "static",
@@ -98,6 +104,10 @@ class Settings:
     @property
     def bidirectional(self) -> bool:
         return self.policy in BIDIRECTIONAL
+
+    @property
+    def cpu_tier(self) -> bool:
+        return self.policy == "cpu-tier"
 
     @property
     def adaptive(self) -> bool:

@@ -55,6 +55,11 @@ class Profile:
     """vLLM's max_num_batched_tokens: tokens one step may compute."""
     max_running: int
     """vLLM's max_num_seqs."""
+    tier_tokens: int = 0
+    """A prefill engine's CPU memory tier, in tokens (the `cpu-tier` policy)."""
+    tier_bytes_per_s: float = 1.0
+    """Loading from the CPU tier: host to GPU memory over PCIe, every GPU of the engine."""
+    tier_latency_s: float = 0.0
 
     def prefill_s(self, n: int, ctx: int) -> float:
         """Compute time of `n` new tokens after `ctx` cached ones (no fixed part)."""
@@ -77,6 +82,12 @@ class Profile:
             return 0.0
         return self.xfer_latency_s + tokens * self.kv_bytes_per_token / self.xfer_bytes_per_s
 
+    def tier_s(self, tokens: int) -> float:
+        """Loading `tokens` of KV from the CPU tier (0 tokens: no load)."""
+        if tokens <= 0:
+            return 0.0
+        return self.tier_latency_s + tokens * self.kv_bytes_per_token / self.tier_bytes_per_s
+
     def pull_s(self, tokens: int) -> float:
         """A D->P pull of `tokens` tokens as P sees it: the read and what it costs P beyond."""
         if tokens <= 0:
@@ -97,6 +108,14 @@ H200_HBM_BYTES_PER_S = 4.8e12
 H200_HBM_BYTES = 141e9
 # p5en.48xlarge: 8 x H200, 16 EFA interfaces of 200 Gb/s (the seeds' blog's test environment).
 P5EN_GPUS = 8
+CPU_TIER_BYTES = 100 * 2**30
+"""P's CPU tier per engine: llm-d's P/D multi-tier guide gives prefill engines 100 GiB."""
+PCIE_BYTES_PER_S = 25e9
+"""ASSUMED: a host-to-GPU KV load per GPU, about 40 % of PCIe Gen5 x16's 64 GB/s a direction
+(scattered block copies do not reach line rate); no published OffloadingConnector load rate
+on H200 was found. Each of the engine's GPUs loads its own shard of the KV."""
+CPU_TIER_LATENCY_S = 0.002
+"""ASSUMED: per load, the lookup and the transfer's launch."""
 P5EN_EFA_LINE_BYTES_PER_S = 16 * 200e9 / 8
 
 # The seeds' published 1P1D run (vLLM blog, 2026-10-12, "Improve TTFT for Multi-Turn Agentic
@@ -194,6 +213,9 @@ def h200_qwen3_32b(kv_blocks: int | None = None, fit: GpuFit = GPU_FIT) -> Profi
         kv_blocks=kv_blocks if kv_blocks is not None else int(usable / (kv_bytes * 16)),
         token_budget=8192,
         max_running=256,
+        tier_tokens=int(CPU_TIER_BYTES / kv_bytes),
+        tier_bytes_per_s=P5EN_GPUS * PCIE_BYTES_PER_S,
+        tier_latency_s=CPU_TIER_LATENCY_S,
     )
 
 

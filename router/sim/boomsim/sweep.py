@@ -11,7 +11,8 @@ conversations.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from statistics import median
 from typing import Any
 
 from boomsim.cluster import Topology
@@ -27,7 +28,7 @@ SESSION_WINDOW_S = 30.0
 
 @dataclasses.dataclass(frozen=True)
 class Sizes:
-    """How much each sweep simulates."""
+    """How much each sweep simulates, and over which seeds."""
 
     sessions_per_decoder: int
     rate_per_decoder: float
@@ -35,12 +36,34 @@ class Sizes:
     kv_blocks: tuple[int, ...]
     suffixes: tuple[int, ...]
     suffix_conversations: int
+    seeds: tuple[int, ...] = (0,)
+    """Each row runs once per seed (other conversations, other arrivals); the tables give the
+    median and the band (lowest to highest) over them."""
 
 
 FULL = Sizes(
-    200, 0.25, (10, 100, 1000, 10_000), (4_000, 16_000, 64_000, 226_000), (64, 512, 2048, 8192), 400
+    200,
+    0.25,
+    (10, 100, 1000, 10_000),
+    (4_000, 16_000, 64_000, 226_000),
+    (64, 512, 2048, 8192),
+    400,
+    seeds=(0, 1, 2),
 )
 QUICK = Sizes(40, 0.25, (10, 100, 1000), (4_000, 64_000), (64, 2048), 60)
+
+FIGURES = (
+    "first_p50",
+    "follow_p50",
+    "follow_p99",
+    "tpot_p50",
+    "tpot_p99",
+    "goodput",
+    "attainment",
+    "turns_per_s",
+)
+"""What each row is judged by, every one over the seeds; lower is better but for the rates."""
+HIGHER = frozenset({"goodput", "attainment", "turns_per_s"})
 
 
 def _row(
@@ -53,20 +76,52 @@ def _row(
 ) -> dict[str, Any]:
     r = run(profile, topo, Settings(policy), convs, load)
     s = r.summary
-    keep = (
-        "turns",
-        "ttft_p50",
-        "ttft_p99",
-        "follow_p50",
-        "follow_p99",
-        "tpot_p50",
-        "turns_per_s",
-        "paths",
-    )
-    return {**label, "policy": policy, **{k: s[k] for k in keep}, "wall_s": r.wall_s}
+    return {**label, "policy": policy, **{k: s[k] for k in (*FIGURES, "turns", "paths")}}
 
 
-def ratios(sizes: Sizes, seed: int = 0) -> list[dict[str, Any]]:
+def banded(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
+    """One row per swept value and policy from the runs of every seed: each figure's median,
+    its band (`band[figure]`: lowest, highest), the paths' mean per seed, how many seeds."""
+    groups: dict[tuple[Any, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r[key], r["policy"]), []).append(r)
+    out = []
+    for (value, policy), runs in groups.items():
+        paths: dict[str, float] = {}
+        for r in runs:
+            for path, n in r["paths"].items():
+                paths[path] = paths.get(path, 0) + n / len(runs)
+        out.append(
+            {
+                key: value,
+                "policy": policy,
+                **{f: median(float(r[f]) for r in runs) for f in FIGURES},
+                "band": {f: [min(r[f] for r in runs), max(r[f] for r in runs)] for f in FIGURES},
+                "turns": median(r["turns"] for r in runs),
+                "paths": {k: round(v) for k, v in sorted(paths.items())},
+                "seeds": len(runs),
+            }
+        )
+    return out
+
+
+def ratios(sizes: Sizes) -> list[dict[str, Any]]:
+    return banded([r for seed in sizes.seeds for r in _ratios(sizes, seed)], "ratio")
+
+
+def sessions(sizes: Sizes) -> list[dict[str, Any]]:
+    return banded([r for seed in sizes.seeds for r in _sessions(sizes, seed)], "sessions")
+
+
+def kv(sizes: Sizes) -> list[dict[str, Any]]:
+    return banded([r for seed in sizes.seeds for r in _kv(sizes, seed)], "kv_blocks")
+
+
+def suffix(sizes: Sizes) -> list[dict[str, Any]]:
+    return banded([r for seed in sizes.seeds for r in _suffix(sizes, seed)], "suffix")
+
+
+def _ratios(sizes: Sizes, seed: int) -> list[dict[str, Any]]:
     """Agentic sessions arriving at a rate proportional to the decoders, per P:D ratio."""
     rows = []
     for p, d in RATIOS:
@@ -79,7 +134,7 @@ def ratios(sizes: Sizes, seed: int = 0) -> list[dict[str, Any]]:
     return rows
 
 
-def sessions(sizes: Sizes, seed: int = 0) -> list[dict[str, Any]]:
+def _sessions(sizes: Sizes, seed: int) -> list[dict[str, Any]]:
     """4P8D, N agentic sessions arriving within `SESSION_WINDOW_S`."""
     rows = []
     for n in sizes.session_counts:
@@ -98,7 +153,7 @@ def sessions(sizes: Sizes, seed: int = 0) -> list[dict[str, Any]]:
     return rows
 
 
-def kv(sizes: Sizes, seed: int = 0) -> list[dict[str, Any]]:
+def _kv(sizes: Sizes, seed: int) -> list[dict[str, Any]]:
     """1P2D, both roles at each KV size, agentic sessions."""
     rows = []
     for blocks in sizes.kv_blocks:
@@ -110,7 +165,7 @@ def kv(sizes: Sizes, seed: int = 0) -> list[dict[str, Any]]:
     return rows
 
 
-def suffix(sizes: Sizes, seed: int = 0) -> list[dict[str, Any]]:
+def _suffix(sizes: Sizes, seed: int) -> list[dict[str, Any]]:
     """1P2D, vLLM's multi-turn shape with user turns of s/2..s tokens, 32 clients."""
     rows = []
     for s in sizes.suffixes:
@@ -130,10 +185,6 @@ def suffix(sizes: Sizes, seed: int = 0) -> list[dict[str, Any]]:
     return rows
 
 
-FIGURES = ("ttft_p50", "ttft_p99", "follow_p50", "follow_p99", "tpot_p50", "turns_per_s")
-"""What each row is judged by; every one is better lower but throughput."""
-
-
 def best_baselines(rows: list[dict[str, Any]], key: str) -> dict[Any, dict[str, str]]:
     """Per swept value, the peer policy (not Boomerang's) best at each figure: a frontier no
     single peer reaches, which Boomerang's rows are read against."""
@@ -145,34 +196,52 @@ def best_baselines(rows: list[dict[str, Any]], key: str) -> dict[Any, dict[str, 
         best: dict[str, str] = {}
         for figure in FIGURES:
             ranked = sorted(peers, key=lambda r: float(r[figure]))
-            best[figure] = (ranked[-1] if figure == "turns_per_s" else ranked[0])["policy"]
+            best[figure] = (ranked[-1] if figure in HIGHER else ranked[0])["policy"]
         out[value] = best
     return out
 
 
 def markdown(rows: list[dict[str, Any]], key: str) -> str:
-    """One table: the swept value, the policy, TTFT, TPOT, throughput, paths; after each
-    swept value, the best peer policy for each figure."""
+    """One table: the swept value, the policy, each figure's median over the seeds with its
+    band in brackets, the paths; after each swept value, the best peer policy per figure."""
+    seeds = max((r.get("seeds", 1) for r in rows), default=1)
     lines = [
-        f"| {key} | policy | TTFT p50 / p99 | follow-up p50 / p99 | TPOT p50 | turns/s | paths |",
-        "|---|---|---|---|---|---|---|",
+        f"| {key} | policy | first turn p50 | follow-up p50 | follow-up p99 | TPOT p50 / p99 | "
+        "goodput (attainment) | turns/s | paths |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     best = best_baselines(rows, key)
-    values = list(dict.fromkeys(r[key] for r in rows))
-    for value in values:
+    for value in dict.fromkeys(r[key] for r in rows):
         for r in (r for r in rows if r[key] == value):
             paths = " ".join(f"{k} {v}" for k, v in r["paths"].items())
             lines.append(
-                f"| {r[key]} | {r['policy']} | {_t(r['ttft_p50'])} / {_t(r['ttft_p99'])} | "
-                f"{_t(r['follow_p50'])} / {_t(r['follow_p99'])} | {_t(r['tpot_p50'])} | "
+                f"| {r[key]} | {r['policy']} | {_b(r, 'first_p50')} | {_b(r, 'follow_p50')} | "
+                f"{_b(r, 'follow_p99')} | {_t(r['tpot_p50'])} / {_t(r['tpot_p99'])} | "
+                f"{_b(r, 'goodput', _rate)} ({r['attainment']:.0%}) | "
                 f"{r['turns_per_s']:.2f} | {paths} |"
             )
         if (b := best.get(value)) is not None:
             lines.append(
-                f"| {value} | *best peer* | {b['ttft_p50']} / {b['ttft_p99']} | "
-                f"{b['follow_p50']} / {b['follow_p99']} | {b['tpot_p50']} | {b['turns_per_s']} | |"
+                f"| {value} | *best peer* | {b['first_p50']} | {b['follow_p50']} | "
+                f"{b['follow_p99']} | {b['tpot_p50']} / {b['tpot_p99']} | {b['goodput']} | "
+                f"{b['turns_per_s']} | |"
             )
+    if seeds > 1:
+        lines.append(f"\nMedians over {seeds} seeds; in brackets, the lowest and highest seed.")
     return "\n".join(lines)
+
+
+def _b(row: dict[str, Any], figure: str, fmt: Callable[[float], str] | None = None) -> str:
+    """A figure's median, and its band over the seeds when there is one."""
+    fmt = fmt or _t
+    lo, hi = row.get("band", {}).get(figure, (row[figure], row[figure]))
+    if lo == hi:
+        return fmt(row[figure])
+    return f"{fmt(row[figure])} [{fmt(lo)}-{fmt(hi)}]"
+
+
+def _rate(per_s: float) -> str:
+    return f"{per_s:.2f}"
 
 
 def _t(seconds: float) -> str:
