@@ -97,7 +97,8 @@ async def test_the_router_probes_an_idle_decoder_and_derives_its_tpot_bound_from
     )
     calls = await _probed(w)
     assert [c["max_tokens"] for c in calls] == [1, 1 + PROBE_TOKENS]
-    assert calls[0]["prompt"] == calls[1]["prompt"]  # one prompt: both prefill alike
+    first, second = (c["prompt"].split() for c in calls)
+    assert len(first) == len(second) and first != second  # both prefill alike, neither cached
     assert all("kv_transfer_params" not in c for c in calls)  # a plain request, D keeps nothing
     model = w.client.server.app[ROUTER].paths.model
     for _ in range(100):
@@ -105,7 +106,7 @@ async def test_the_router_probes_an_idle_decoder_and_derives_its_tpot_bound_from
             break
         await asyncio.sleep(0.02)
     measured = model.coefficients().idle_tpot_s
-    assert 0.009 <= measured <= 0.03, measured  # 10 ms a token, the event loop's noise above
+    assert 0.009 <= measured <= 0.05, measured  # 10 ms a token; a loaded host adds to it
     slo = (await _state(w))[router_state.SLO]
     assert slo["tpot_s"] == pytest.approx(slo["scale"] * measured)
     # Once per engine start: turns served, more probe rounds, no second probe

@@ -9,8 +9,9 @@ and TPOT ran past the bound it was meant to keep.
 
 So the router asks. When a decoder it would use has nothing in flight from this router, and
 was not probed since it joined (or came back after it was lost), the router times two
-answers to one fresh short prompt there, of 1 token and of `1 + PROBE_TOKENS` tokens; both
-prefill alike, so the difference over `PROBE_TOKENS` is the decoder's time per token (the
+answers there to fresh short prompts of one length, of 1 token and of `1 + PROBE_TOKENS`
+tokens; both prefill alike (the second's prompt is not the first's, which the decoder's
+prefix cache would hold), so the difference over `PROBE_TOKENS` is the decoder's time per token (the
 benchmark's own method, `boomerang.local.calibrate`). The cost model keeps the fastest probe
 (`CostModel.observe_idle_tpot`): another router's traffic can slow one probe, not the quiet
 one before it. A probe costs an idle decoder about
@@ -83,11 +84,11 @@ async def probe_tpot(engines: EngineClient, ep: Endpoint, config: RouterConfig) 
     """One decoder's idle time per output token (seconds), or None when it could not be
     measured (an engine error, a timeout, or a result no idle decoder gives)."""
     rng = random.Random(time.time_ns())
-    prompt = " ".join(str(rng.randrange(1000, 10000)) for _ in range(PROMPT_WORDS))
     limit = timeout(config.timeouts.prefill_s, config.timeouts.connect_s)
     url = ep.url + "/v1/completions"
 
     async def timed(max_tokens: int) -> float:
+        prompt = " ".join(str(rng.randrange(1000, 10000)) for _ in range(PROMPT_WORDS))
         start = time.perf_counter()
         await post_json(engines, url, _body(config.model, prompt, max_tokens), limit)
         return time.perf_counter() - start
