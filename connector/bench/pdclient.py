@@ -23,6 +23,7 @@ from typing import Any
 from boomerang.local.engine_client import completion_body as completion_body
 from boomerang.local.engine_client import post as post
 from boomerang.local.engine_client import scrape as scrape
+from boomerang.local.engine_client import stream_events as stream_events
 from boomerang.local.engine_client import tokens_by_source as tokens_by_source
 
 FRESH = {
@@ -62,20 +63,6 @@ def get_json(url: str, timeout: float = 10.0) -> dict[str, Any]:
     except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
-
-
-def stream_events(
-    url: str, body: dict[str, Any], timeout: float = 300.0, headers: dict[str, str] | None = None
-) -> Any:
-    """Yield (arrival time, JSON) per SSE data event (`headers` added to the request's)."""
-    req = urllib.request.Request(
-        url, json.dumps(body).encode(), {"Content-Type": "application/json", **(headers or {})}
-    )
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        for raw in resp:
-            line = raw.decode().strip()
-            if line.startswith("data: ") and line != "data: [DONE]":
-                yield time.perf_counter(), json.loads(line[6:])
 
 
 def next_handle(d_params: dict[str, Any] | None) -> dict[str, Any] | None:

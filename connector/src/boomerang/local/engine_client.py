@@ -10,6 +10,7 @@ the tests alike. The benchmarks' reference P/D client
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from typing import Any
 
@@ -27,6 +28,20 @@ def post(url: str, body: dict[str, Any], timeout: float = 300.0) -> dict[str, An
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         data: dict[str, Any] = json.loads(resp.read())
     return data
+
+
+def stream_events(
+    url: str, body: dict[str, Any], timeout: float = 300.0, headers: dict[str, str] | None = None
+) -> Any:
+    """Yield (arrival time, JSON) per SSE data event (`headers` added to the request's)."""
+    req = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json", **(headers or {})}
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        for raw in resp:
+            line = raw.decode().strip()
+            if line.startswith("data: ") and line != "data: [DONE]":
+                yield time.perf_counter(), json.loads(line[6:])
 
 
 def completion_body(model: str, prompt: list[int], max_tokens: int) -> dict[str, Any]:
