@@ -12,7 +12,7 @@ VENV := $(BOOMERANG_CACHE)/venv-dev-$(DEV_HASH)
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: sim bench-router bench-router-compare bench-wake bench-calls bench-fit bench-ttft bench-partial bench-idle bench-agents bench-paths bench-production soak bench-kvindex bench-retention print-venv dev engine tools redis lua prometheus node images install-yaml check lint types test test-release unit demo cluster cluster-node crds
+.PHONY: sim bench-router bench-router-compare bench-wake bench-calls bench-fit bench-ttft bench-partial bench-idle bench-agents bench-paths bench-production soak bench-kvindex bench-retention print-venv dev engine tools redis nginx lua prometheus node images install-yaml check lint types test test-release unit demo cluster cluster-node crds
 
 # The cached venv installs this checkout in editable mode; `.done` records which checkout, so a
 # fresh clone (CI) re-points it at its own files before testing them.
@@ -37,6 +37,11 @@ tools:
 
 redis:
 	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
+
+# nginx stands for the router replicas' Service in the soak (connector/bench/soak.py).
+nginx:
+	@command -v nginx >/dev/null || (apt-get update -qq && \
+		apt-get install -y -qq --no-install-recommends nginx-light)
 
 # The operator, router and connector images, built with buildah from their own Dockerfiles on
 # bases made here from Debian's packages and PyPI (no image registry needed), and the connector
@@ -144,7 +149,7 @@ bench-production: dev engine
 # Faults under steady multi-turn load (vLLM's client, two router replicas over Redis): per fault
 # the turns touched and lost, recovery, D's retained blocks after, the router's RSS and sockets
 # (connector/bench/soak.py, docs/reliability.md). ARGS="--minutes 8 --faults kill-d --publish".
-soak: dev engine redis
+soak: dev engine redis nginx
 	PYTHONPATH=$(BENCH_PATH) $(PY) -m soak $(ARGS)
 # The P/D cluster simulator (router/sim, docs/simulation.md): the GPU calibration table, the
 # sweep over P:D ratio, sessions, KV and suffix, and its plot; ARGS=--quick for a short sweep.

@@ -3,16 +3,21 @@
 Why: faults were tested one at a time, between turns, on an idle stack; users meet them under
 load. This runs vLLM's own multi-turn client (fetched at run time, `multiturn_client.py`)
 against the local CPU stack (one P, one D, Boomerang's engines; two router replicas sharing
-conversations through Redis; each replica gets half the clients) for a bounded time, in runs
-of fresh conversations. Into each run, once turns are in flight, one fault is injected:
+conversations through Redis, behind nginx as their Service: a request goes to either replica,
+and to the other when one refuses the connection, as kube-proxy and an ingress send only to
+pods that listen) for a bounded time, in runs of fresh conversations. Into each run, once
+turns are in flight, one fault is injected:
 
 - `kill-d`: SIGKILL to D's process group mid-stream (streams are carried over, turns go to P
   alone until D is back), then D started again;
 - `kill-p`: SIGKILL to P's process group while turns prefill and pull, then P started again;
 - `stop-d`, `stop-p`: SIGSTOP of an engine's group for `STOP_S`, then SIGCONT (a stall, not a
   death: nothing may be lost, nothing may time out);
-- `restart-router`: SIGKILL to replica B with turns in flight, then B started again (its
-  clients' connections break: those turns are the fault's, and must be the only ones lost);
+- `restart-router`: SIGKILL to replica B with turns in flight, then B started again (a crash:
+  the turns B was serving break, and must be the only ones lost);
+- `drain-router`: SIGTERM to replica B with turns in flight, as a rolling update or a node
+  drain stops a pod, then B started again once it exited (it stops listening, finishes its
+  turns in flight, exits: nothing may be lost);
 - `restart-redis`: SIGKILL to Redis, then Redis started again, empty (handles are lost:
   turns recompute, none may fail).
 
@@ -27,7 +32,8 @@ RSS and open sockets before and after.
     make soak ARGS="--minutes 8 --faults kill-d,stop-d --publish"
 
 `--publish` writes the table into `docs/reliability.md`. Needs the engine venv, the model,
-`redis-server` (`make redis`) and vLLM's client (fetched and cached on first use).
+`redis-server` (`make redis`), `nginx` (`make nginx`) and vLLM's client (fetched and cached
+on first use).
 """
 
 from __future__ import annotations
@@ -61,7 +67,15 @@ from production_modes import REGIMES, Workload, generator_config
 from boomerang.connector.model import corpus, model_dir
 from boomerang.local import processes, stack
 
-FAULTS = ("kill-d", "stop-d", "restart-router", "kill-p", "stop-p", "restart-redis")
+FAULTS = (
+    "kill-d",
+    "stop-d",
+    "restart-router",
+    "drain-router",
+    "kill-p",
+    "stop-p",
+    "restart-redis",
+)
 STOP_S = 7.0
 """How long a stopped engine stays stopped (the issue's 5-10 s)."""
 FAULT_AT_S = 8.0
@@ -72,6 +86,9 @@ DECODER_TTL_S = 90
 within a bounded wait; a block still retained after it is a leak."""
 WORKLOAD = Workload(conversations=24, clients=8, messages=(6, 8), first=(600, 1200))
 """Per run: 24 conversations of 3-4 turns, 4 clients per replica: turns always in flight."""
+DRAIN_S = 120.0
+"""The replicas' `shutdown_drain_s`: longer than any of the soak's turns, so a drained replica
+finishes every turn it holds."""
 PREFILL_TIMEOUT_S = 90.0
 """The routers' prefill timeout: a first turn here prefills in seconds, and a D killed under
 P's read leaves P's request waiting on the transfer until this ends it (vLLM defers the
@@ -79,6 +96,8 @@ failure until its outstanding transfers finish), so it bounds what that fault co
 RECOVERY_BOUND_S = 900.0
 """A stack not recovered by then is reported as such (recovery at the bound)."""
 ROUTER_PORTS = (38080, 38081)
+FRONT_PORT = 38090
+"""nginx, in front of both replicas: where the clients send."""
 REDIS_PORT = 38379
 RESULT = REPO / "connector" / "bench" / "soak.json"
 PUBLISH_START = "<!-- soak:start -->"
@@ -98,10 +117,16 @@ class Stack:
     def url(self, name: str) -> str:
         return f"http://127.0.0.1:{ROUTER_PORTS[list(self.routers).index(name)]}"
 
+    @property
+    def front(self) -> str:
+        return f"http://127.0.0.1:{FRONT_PORT}"
+
     def start(self, spec: processes.ProcessSpec, timeout_s: float = 900.0) -> None:
         self.pids[spec.name] = processes.spawn(spec).pid
         if spec.name == "redis":
             wait_redis(self.pids[spec.name], timeout_s)
+        elif spec.name == "nginx":
+            wait_front(self.pids[spec.name], timeout_s)
         else:
             processes.wait_healthy(spec, self.pids[spec.name], timeout_s)
 
@@ -144,6 +169,67 @@ def redis_spec(run_dir: Path) -> processes.ProcessSpec:
     )  # fmt: skip
 
 
+NGINX_CONF = """daemon off;
+worker_processes 1;
+pid {run}/nginx.pid;
+error_log {run}/nginx-error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  client_body_temp_path {run}/nginx-body;
+  proxy_temp_path {run}/nginx-proxy;
+  upstream routers {{
+{servers}
+  }}
+  server {{
+    listen 127.0.0.1:{port};
+    client_max_body_size 64m;
+    location / {{
+      proxy_pass http://routers;
+      proxy_http_version 1.1;
+      proxy_buffering off;
+      proxy_connect_timeout 2s;
+      proxy_read_timeout 1800s;
+      proxy_send_timeout 1800s;
+      proxy_next_upstream error timeout;
+    }}
+  }}
+}}
+"""
+"""The replicas' Service. A fresh connection to a replica per request (no upstream keepalive):
+a replica that stopped listening refuses it before the request is sent, and nginx sends it
+to the other (`proxy_next_upstream error`), as a Service sends only to pods that listen."""
+
+
+def front_spec(run_dir: Path) -> processes.ProcessSpec:
+    binary = shutil.which("nginx")
+    if binary is None:
+        sys.exit("nginx is missing: run `make nginx`")
+    servers = "\n".join(
+        f"    server 127.0.0.1:{port} max_fails=1 fail_timeout=2s;" for port in ROUTER_PORTS
+    )
+    conf = run_dir / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(run=run_dir, servers=servers, port=FRONT_PORT))
+    return processes.ProcessSpec(
+        name="nginx",
+        cmd=[binary, "-c", str(conf), "-p", str(run_dir), "-e", str(run_dir / "nginx-error.log")],
+        env=dict(os.environ),
+        log=run_dir / "nginx.log",
+        health_url="",
+    )
+
+
+def wait_front(pid: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not processes.alive(pid):
+            sys.exit(f"nginx exited while starting (is port {FRONT_PORT} taken?)")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", FRONT_PORT), 1):
+            return
+        time.sleep(0.2)
+    sys.exit("nginx did not listen in time")
+
+
 def router_spec(
     s: Stack, name: str, port: int, timeouts: dict[str, float]
 ) -> processes.ProcessSpec:
@@ -151,7 +237,7 @@ def router_spec(
         s.es.dd, s.es.ports, listen_port=port, log_json=True,
         lease_token_file=str(stack.lease_token_file(s.es.run_dir)),
         store={"kind": "redis", "url": f"redis://127.0.0.1:{REDIS_PORT}/0"},
-        timeouts=timeouts,
+        timeouts=timeouts, shutdown_drain_s=DRAIN_S,
     )  # fmt: skip
     cfg = s.run_dir / f"{name}.yaml"
     cfg.write_text(yaml.safe_dump(settings))
@@ -169,12 +255,14 @@ def one_turn(url: str, model: str, timeout_s: float = 120.0) -> bool:
 
 
 def recovered(s: Stack, model: str) -> bool:
-    """Both replicas ready with P and D, and a turn through each answered."""
+    """Both replicas ready with P and D, and a turn through each and through the front
+    answered."""
     for name in s.routers:
         ready = pdclient.get_json(f"{s.url(name)}/ready", 5.0)  # {}: no answer
         if not (ready.get("prefill") and ready.get("decode")):
             return False
-    return all(one_turn(s.url(name), model) for name in s.routers)
+    urls = [*(s.url(name) for name in s.routers), s.front]
+    return all(one_turn(url, model) for url in urls)
 
 
 def proc_usage(pid: int) -> dict[str, float]:
@@ -215,6 +303,16 @@ def strike(s: Stack, fault: str) -> None:
     elif fault == "restart-router":
         name = list(s.routers)[1]
         processes.kill(s.pids[name])
+        s.start(s.routers[name], 60)
+    elif fault == "drain-router":
+        name = list(s.routers)[1]
+        pid = s.pids[name]
+        signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + DRAIN_S + 30
+        while processes.alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if processes.alive(pid):
+            sys.exit(f"{name} did not exit within its drain ({DRAIN_S:.0f} s) after SIGTERM")
         s.start(s.routers[name], 60)
     elif fault == "restart-redis":
         processes.kill(s.pids["redis"])
@@ -272,20 +370,17 @@ def one_run(
         client, config=config, model_dir=model_dir("tiny"), seed=a.seed + serial,
         prefix=f"s{serial:02d}-", workdir=work,
     )  # fmt: skip
-    halves = [conversations[i :: len(s.routers)] for i in range(len(s.routers))]
     results: dict[str, list[dict[str, Any]]] = {}
 
-    def drive(name: str, convs: list[dict[str, Any]]) -> None:
-        results[name] = multiturn_client.run(
-            client, url=s.url(name), model_dir=model_dir("tiny"),
-            served_name=s.es.dd.spec.model.served_name, config=convs,
-            clients=WORKLOAD.clients // len(s.routers), seed=a.seed + serial,
-            workdir=work / name, timeout_s=1800,
+    def drive() -> None:
+        results["front"] = multiturn_client.run(
+            client, url=s.front, model_dir=model_dir("tiny"),
+            served_name=s.es.dd.spec.model.served_name, config=conversations,
+            clients=WORKLOAD.clients, seed=a.seed + serial, workdir=work / "front",
+            timeout_s=1800,
         )  # fmt: skip
 
-    threads = [
-        threading.Thread(target=drive, args=(n, h)) for n, h in zip(s.routers, halves, strict=True)
-    ]
+    threads = [threading.Thread(target=drive)]
     for t in threads:
         t.start()
     time.sleep(FAULT_AT_S)
@@ -301,7 +396,7 @@ def one_run(
     expected = multiturn_client.expected_turns(conversations)
     answered = 0
     errors: list[str] = []
-    for name in s.routers:
+    for name in results:
         text = (work / name / "client.log").read_text(errors="replace")
         said = multiturn_client.answered(text)
         answered += said if said is not None else len(results.get(name, ()))
@@ -408,6 +503,7 @@ def soak_stack(venv: Path, run_dir: Path) -> Iterator[Stack]:
             for name, port in zip(("router-a", "router-b"), ROUTER_PORTS, strict=True):
                 s.routers[name] = router_spec(s, name, port, timeouts)
                 s.start(s.routers[name], 60)
+            s.start(front_spec(run_dir), 30)
             yield s
         finally:
             for pid in reversed(list(s.pids.values())):

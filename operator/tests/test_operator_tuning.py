@@ -282,3 +282,25 @@ def test_carrying_streams_over_and_tenant_caches_render_into_the_router_s_config
     assert (config["migrate_streams"], config["tenant_cache_salt"]) == (on, on)
     loaded = RouterConfig.model_validate(config)
     assert (loaded.migrate_streams, loaded.tenant_cache_salt) == (on, on)
+
+
+@pytest.mark.parametrize("grace", [None, 15, 600])
+def test_a_router_pod_s_grace_period_covers_its_prestop_and_its_drain(grace: int | None) -> None:
+    from boomerang.operator import routing
+
+    patch = {"router": {"terminationGracePeriodSeconds": grace}} if grace else {}
+    dd = deployment(patch=patch)
+    pod = routing.build_deployment(dd)["spec"]["template"]["spec"]
+    expected = grace or 120
+    assert pod["terminationGracePeriodSeconds"] == expected
+    (container,) = pod["containers"]
+    assert container["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "5"]
+    drain = RouterConfig.model_validate(render.router_config(dd)).shutdown_drain_s
+    assert drain == expected - 10  # preStop 5 s, exit margin 5 s
+
+
+def test_a_router_grace_period_too_short_to_drain_is_refused() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=r"terminationGracePeriodSeconds|termination_grace"):
+        deployment(patch={"router": {"terminationGracePeriodSeconds": 10}})

@@ -20,6 +20,11 @@ from boomerang.operator.api import DisaggregatedDeployment, EnvVar, RoleSpec, pa
 
 MANAGER = "boomerang-operator"
 ROUTER_PORT = 8080
+ROUTER_PRESTOP_S = 5
+"""A stopping router pod keeps serving this long before its SIGTERM: its Service's endpoints
+(kube-proxy, a load balancer's targets) stop sending to it meanwhile."""
+ROUTER_EXIT_MARGIN_S = 5
+"""Of a router pod's grace period, left after its drain for closing and exiting."""
 ROUTER_CONFIG_KEY = "router.yaml"
 ROUTER_CONFIG_DIR = "/etc/boomerang"
 API_KEYS_DIR = "/etc/boomerang/api-keys"
@@ -190,10 +195,18 @@ def router_config(
         "api_keys_file": _api_keys_file(dd),
         "session_headers": dd.spec.router.session_headers,
         "migrate_streams": dd.spec.router.migrate_streams,
+        "shutdown_drain_s": router_drain_s(dd),
         "tenant_cache_salt": dd.spec.router.isolate_tenant_caches,
         "tuning": router_tuning(dd),
     }
     return _without_none(config)
+
+
+def router_drain_s(dd: DisaggregatedDeployment) -> int:
+    """How long a router told to stop lets its turns in flight finish: its pod's grace period
+    less the preStop delay and the exit margin."""
+    grace = dd.spec.router.termination_grace_period_seconds
+    return grace - ROUTER_PRESTOP_S - ROUTER_EXIT_MARGIN_S
 
 
 ROUTER_RELOADED_KEYS = frozenset({"tuning"})

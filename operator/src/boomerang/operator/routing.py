@@ -108,6 +108,8 @@ def build_deployment(dd: DisaggregatedDeployment) -> dict[str, Any]:
         "serviceAccountName": render.child_name(dd, COMPONENT),
         "enableServiceLinks": False,
         "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "fsGroup": 65532},
+        # preStop, then the drain of the turns in flight (`render.router_drain_s`), then exit
+        "terminationGracePeriodSeconds": router.termination_grace_period_seconds,
         "containers": [_container(dd)],
         "volumes": _volumes(dd),
         "affinity": {
@@ -176,6 +178,8 @@ def _container(dd: DisaggregatedDeployment) -> dict[str, Any]:
         "volumeMounts": mounts,
         "readinessProbe": {"httpGet": {"path": "/ready", "port": "http"}, **probe},
         "livenessProbe": {"httpGet": {"path": "/health", "port": "http"}, **probe},
+        # Serve on while the Service stops sending here; SIGTERM then stops the listener.
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(render.ROUTER_PRESTOP_S)]}}},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,

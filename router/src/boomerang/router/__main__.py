@@ -112,6 +112,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         access_log=None,
         print=None,
         handler_cancellation=True,
+        # SIGTERM: stop listening, let the turns in flight finish, then close the engines'
+        # sessions (`cleanup_ctx` runs after the handlers): a rolling update loses no turn.
+        shutdown_timeout=config.shutdown_drain_s,
     )
 
 

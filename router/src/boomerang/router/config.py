@@ -329,6 +329,13 @@ class RouterConfig(_Model):
         "engine (the prompt and the tokens streamed, as ids; `migration.py`), so the client "
         "sees one answer; false: end it with an error event.",
     )
+    shutdown_drain_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="After SIGTERM: how long the turns in flight may finish. New connections "
+        "are refused at once (a pod's preStop delay lets its Service stop sending first); "
+        "a turn still running at the end is cut.",
+    )
     tenant_cache_salt: bool = Field(
         default=True,
         description="Give each tenant's requests their own vLLM `cache_salt` (`cache_salt.py`), "

@@ -123,6 +123,15 @@ class RouterSpec(Model):
         "streams without tools, log probabilities, response formats or penalties; others end "
         "with an error event, as with false.",
     )
+    termination_grace_period_seconds: int = Field(
+        120,
+        ge=15,
+        le=3600,
+        description="Time a router pod gets to stop: a preStop delay of "
+        "5s while its Service stops sending to it, then the turns in flight finish (up to this "
+        "less 10s; a turn still streaming then is cut), then it exits. Set it above your "
+        "longest answer's streaming time.",
+    )
     isolate_tenant_caches: bool = Field(
         True,
         description="Give each tenant's requests their own vLLM cache_salt, so no cached-token "
