@@ -25,9 +25,9 @@ from aiohttp.test_utils import TestServer
 from fake_fabric import Fabric
 from router_testing import EngineSpec, FakeEngine, free_port
 
-TOKENS = 40
+TOKENS = 100
 TPOT_S = 0.05
-"""A 2-second stream: SIGTERM strikes after its first token."""
+"""A 5-second stream: SIGTERM strikes after its first token."""
 
 
 async def _engines() -> AsyncIterator[dict[str, str]]:

@@ -5,18 +5,21 @@ make sim                      # calibration, every sweep at full size over 3 see
 make sim ARGS=--quick         # the same, smaller (seconds); written to a temporary folder
 make sim ARGS="speed --turns 1000000"
 make sim ARGS=fit             # re-derive the GPU profile's fitted constants
+make sim ARGS="plan --manifest examples/qwen3-32b-adaptive.yaml --trace router.log"
+                              # a deployment on a recorded workload (`plan.py`)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from boomsim import calibrate, plot, publish, speed, sweep
+from boomsim import calibrate, plan, plot, publish, speed, sweep
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 SWEEPS = (
@@ -34,6 +37,10 @@ under."""
 
 
 def main(argv: list[str] | None = None) -> None:
+    args_in = sys.argv[1:] if argv is None else argv
+    if args_in[:1] == ["plan"]:
+        plan.main(args_in[1:])
+        return
     ap = argparse.ArgumentParser(prog="boomsim", description=__doc__.splitlines()[0])
     ap.add_argument(
         "what", nargs="?", default="all", choices=("all", "calibrate", "sweep", "speed", "fit")
@@ -41,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="smaller sweeps")
     ap.add_argument("--turns", type=int, default=100_000, help="speed: turns to simulate")
     ap.add_argument("--out", type=Path, help="where results.json and the plot go")
-    args = ap.parse_args(argv)
+    args = ap.parse_args(args_in)
     out = args.out or (Path(tempfile.gettempdir()) / "boomsim-quick" if args.quick else RESULTS)
     results: dict[str, Any] = {}
     if args.what == "fit":

@@ -16,6 +16,8 @@ The cost shapes:
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -106,6 +108,9 @@ QWEN3_32B_HEAD_DIM = 128
 H200_BF16_FLOPS = 989e12
 H200_HBM_BYTES_PER_S = 4.8e12
 H200_HBM_BYTES = 141e9
+# NVIDIA H100 SXM (NVIDIA's datasheet): the same dense BF16 throughput, HBM3 at 3.35 TB/s, 80 GB.
+H100_HBM_BYTES_PER_S = 3.35e12
+H100_HBM_BYTES = 80e9
 # p5en.48xlarge: 8 x H200, 16 EFA interfaces of 200 Gb/s (the seeds' blog's test environment).
 P5EN_GPUS = 8
 CPU_TIER_BYTES = 100 * 2**30
@@ -219,6 +224,23 @@ def h200_qwen3_32b(kv_blocks: int | None = None, fit: GpuFit = GPU_FIT) -> Profi
     )
 
 
+def h100_qwen3_32b(kv_blocks: int | None = None) -> Profile:
+    """Qwen3-32B in BF16 at TP 8 on one p5.48xlarge (8 x H100 SXM, 3,200 Gb/s of EFA, as
+    p5en) per role. From public specifications: HBM bandwidth and capacity (so the decode
+    step and the KV capacity); the peak BF16 FLOPs are H200's. ASSUMED, not fitted on H100 (no
+    public P/D figure on it was found): the efficiencies, the per-turn overhead, the NIXL read
+    and the pull's cost on P are the H200 profile's fit."""
+    h200 = h200_qwen3_32b()
+    usable = P5EN_GPUS * H100_HBM_BYTES * 0.9 - QWEN3_32B_PARAMS * 2
+    blocks = int(usable / (h200.kv_bytes_per_token * h200.block_size))
+    return dataclasses.replace(
+        h200,
+        name="h100-qwen3-32b-tp8",
+        hbm_bytes_per_s=P5EN_GPUS * H100_HBM_BYTES_PER_S,
+        kv_blocks=kv_blocks if kv_blocks is not None else blocks,
+    )
+
+
 # MEASURED-CONSTANT SLOTS of the CPU engines (docs/measurements.md, docs/benchmarks.md): the
 # 6.6M-parameter local model on vLLM's CPU build. Values marked PENDING are not measured yet.
 CPU_PREFILL_TOKENS_PER_S = 5438.0
@@ -269,4 +291,5 @@ def cpu_tiny(kv_blocks: int | None = None) -> Profile:
     )
 
 
-PROFILES = {"gpu": h200_qwen3_32b, "cpu": cpu_tiny}
+PROFILES: dict[str, Callable[[], Profile]] = {"h200": h200_qwen3_32b, "h100": h100_qwen3_32b}
+"""The GPU profiles a plan runs on, by name (`plan.py`; the CPU one is not calibrated)."""

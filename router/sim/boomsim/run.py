@@ -15,17 +15,20 @@ from boomsim.cluster import Cluster, Topology
 from boomsim.loop import Loop
 from boomsim.policies import Settings
 from boomsim.profiles import Profile
-from boomsim.workload import ClosedLoop, OpenLoop, Send, Turns
+from boomsim.workload import ClosedLoop, OpenLoop, Replay, Send, Turns
 
 
 @dataclass(frozen=True)
 class Load:
-    """How turns arrive: closed-loop clients (rate None) or sessions at `rate` per second."""
+    """How turns arrive: closed-loop clients (rate None), sessions at `rate` per second, or
+    recorded sessions at their own offsets (`replay`, from `trace.py`: the conversations
+    passed to `run` are then not used)."""
 
     clients: int = 8
     max_active: int = 8
     rate: float | None = None
     seed: int = 0
+    replay: tuple[tuple[float, Turns], ...] | None = None
 
 
 @dataclass
@@ -53,7 +56,9 @@ def run(
     every engine at the end (tests)."""
     loop = Loop()
     cluster = Cluster(loop, profile, topo, settings)
-    if load.rate is None:
+    if load.replay is not None:
+        Replay(loop, _send(cluster), list(load.replay)).start()
+    elif load.rate is None:
         ClosedLoop(loop, _send(cluster), convs, load.clients, load.max_active).start()
     else:
         OpenLoop(loop, _send(cluster), convs, load.rate, random.Random(load.seed + 1)).start()

@@ -162,6 +162,31 @@ class OpenLoop:
         self.send(conv, k, prompt, answer, done)
 
 
+class Replay:
+    """Recorded sessions (`trace.Trace`): each arrives at its offset, each turn its think
+    time after the previous turn's answer."""
+
+    def __init__(self, loop: Loop, send: Send, sessions: list[tuple[float, Turns]]) -> None:
+        self.loop, self.send, self.sessions = loop, send, sessions
+
+    def start(self) -> None:
+        for conv, (at, turns) in enumerate(self.sessions, 1):
+            self.loop.at(self.loop.now + at, self._first, (conv, turns))
+
+    def _first(self, arg: tuple[int, Turns]) -> None:
+        self._turn(*arg, 0)
+
+    def _turn(self, conv: int, turns: Turns, k: int) -> None:
+        prompt, answer, _ = turns[k]
+
+        def done(t: float) -> None:
+            if k + 1 < len(turns):
+                think = turns[k + 1][2]
+                self.loop.at(t + think, lambda _: self._turn(conv, turns, k + 1))
+
+        self.send(conv, k, prompt, answer, done)
+
+
 def stream(shape: Shape, n: int, seed: int) -> Iterator[Turns]:
     """`n` conversations of `shape`, drawn lazily from one seeded generator (a conversation
     whose first prompt alone exceeds `max_len` is drawn again)."""
