@@ -14,11 +14,21 @@ REPO = Path(__file__).resolve().parents[2]
 MANIFEST = REPO / "examples" / "qwen3-32b-adaptive.yaml"
 
 
-def served(conv: str, end: float, seconds: float, prompt: int | None, answer: int) -> str:
-    """One `Served turn` line as the router's JSON log writes it (`logs.JsonFormatter`)."""
+def served(
+    conv: str | None,
+    end: float,
+    seconds: float,
+    prompt: int | None,
+    answer: int,
+    filed: str | None = "same",
+) -> str:
+    """One `Served turn` line as the router's JSON log writes it (`logs.JsonFormatter`):
+    looked up under `conv`, filed under `filed` (by default the same key: an id or a
+    session)."""
     record = {"ts": end, "level": "INFO", "logger": "boomerang.router", "msg": "Served turn",
-              "conversation": conv, "prompt_tokens": prompt, "completion_tokens": answer,
-              "seconds": seconds, "path": "pull"}  # fmt: skip
+              "conversation": conv, "next": conv if filed == "same" else filed,
+              "prompt_tokens": prompt, "completion_tokens": answer, "seconds": seconds,
+              "path": "pull"}  # fmt: skip
     return json.dumps(record)
 
 
@@ -34,8 +44,28 @@ def test_the_router_s_log_becomes_conversations_with_their_think_times() -> None
     ]
     trace = from_router_log(lines)
     assert trace.sessions == [(0.0, [(3000, 50, 0.0), (3600, 40, pytest.approx(9.1))]),
-                              (2.0, [(9000, 20, 0.0)])]  # fmt: skip
-    assert trace.dropped_turns == 2 and trace.turns == 3
+                              (2.0, [(9000, 20, 0.0)]),
+                              (pytest.approx(4.8), [(500, 10, 0.0)])]  # fmt: skip
+    assert trace.dropped_turns == 1 and trace.turns == 4
+
+
+def test_fingerprinted_turns_chain_by_the_key_each_filed() -> None:
+    """Without an id or a session, a turn is looked up by its history's fingerprint and
+    filed under the next one's: the chain, not one name, makes the conversation."""
+    lines = [
+        served(None, 10.0, 1.0, 2000, 30, filed="f1"),  # a first turn: nothing to look up
+        served(None, 11.0, 1.0, 5000, 30, filed="g1"),  # another conversation's first
+        served("f1", 20.0, 0.5, 2100, 30, filed="f2"),
+        served("g1", 21.0, 0.5, 5100, 30, filed="g2"),
+        served("f2", 30.0, 0.5, 2200, 30, filed="f3"),
+        served("zz", 31.0, 0.5, 900, 30, filed="z2"),  # its earlier turns not in this log
+    ]
+    trace = from_router_log(lines)
+    assert [[p for p, _, _ in turns] for _, turns in trace.sessions] == [
+        [2000, 2100, 2200],
+        [5000, 5100],
+        [900],
+    ]
 
 
 def test_openai_conversations_become_turns_at_four_characters_a_token() -> None:

@@ -4,10 +4,11 @@ Why: a planner is only as good as its workload, and an operator's own traffic is
 that matters. Two sources:
 
 - **the router's own per-turn log** (`log_json: true`): each `Served turn` line carries the
-  conversation's digest, its prompt and completion tokens, the time it was logged (its end)
-  and how long it took, so a conversation's turns, their order and the think time between an
-  answer and the next turn are all in it. A turn without a token count (its prompt was never
-  tokenized) cannot be replayed: its conversation ends before it, and the count is reported.
+  digests of the keys its conversation was looked up and filed under, its prompt and
+  completion tokens, the time it was logged (its end) and how long it took, so a
+  conversation's turns, their order and the think time between an answer and the next turn
+  are all in it. A turn without a token count (its prompt was never tokenized) cannot be
+  replayed: it is left out, and the count is reported.
 - **OpenAI-format conversations** (a JSON list; each item a list of messages, or an object
   with `messages`): every assistant message is a turn's answer, the messages before it its
   prompt. Token counts are estimated at four characters a token (no tokenizer is assumed), and
@@ -42,8 +43,12 @@ class Trace:
 
 
 def from_router_log(lines: Iterable[str]) -> Trace:
-    """The `Served turn` lines of the router's JSON log, by conversation, in time order."""
-    by_conv: dict[str, list[dict[str, Any]]] = {}
+    """The `Served turn` lines of the router's JSON log, chained into conversations: a turn
+    continues the conversation whose last turn filed what it looks up (`conversation`, the
+    digest of its lookup key, against the previous turn's `next`, the digest of the key it
+    filed under: equal for a conversation id or a session, a chain of history fingerprints
+    otherwise). A turn that looked nothing up, or found no turn that filed it, starts one."""
+    recs = []
     for line in lines:
         line = line.strip()
         if not line.startswith("{"):
@@ -52,31 +57,43 @@ def from_router_log(lines: Iterable[str]) -> Trace:
             rec = json.loads(line)
         except ValueError:
             continue
-        if rec.get("msg") != "Served turn" or not rec.get("conversation"):
-            continue
-        by_conv.setdefault(str(rec["conversation"]), []).append(rec)
+        if rec.get("msg") == "Served turn" and "ts" in rec:
+            recs.append(rec)
+    recs.sort(key=_start)
+    convs: list[list[dict[str, Any]]] = []
+    waiting: dict[str, int] = {}  # a filed key's digest -> the conversation that filed it
+    for rec in recs:
+        looked = rec.get("conversation")
+        index = waiting.pop(looked, None) if looked else None
+        if index is None:
+            index = len(convs)
+            convs.append([])
+        convs[index].append(rec)
+        if filed := rec.get("next"):
+            waiting[filed] = index
     sessions: list[tuple[float, Turns]] = []
     dropped = 0
-    for recs in by_conv.values():
-        recs.sort(key=lambda r: float(r["ts"]) - float(r.get("seconds") or 0.0))
+    for chain in convs:
         turns: Turns = []
-        start0 = 0.0
-        last_end = 0.0
-        for k, r in enumerate(recs):
-            prompt, answer = r.get("prompt_tokens"), r.get("completion_tokens")
-            if not prompt or not answer:
-                dropped += len(recs) - k  # the rest of it cannot be replayed in order
-                break
-            end = float(r["ts"])
-            start = end - float(r.get("seconds") or 0.0)
+        first_start, last_end = 0.0, 0.0
+        for rec in chain:
+            prompt, answer = rec.get("prompt_tokens"), rec.get("completion_tokens")
+            if not prompt or not answer:  # never tokenized: its turn cannot be replayed
+                dropped += 1
+                continue
             if not turns:
-                start0 = start
-            think = max(0.0, start - last_end) if turns else 0.0
+                first_start = _start(rec)
+            think = max(0.0, _start(rec) - last_end) if turns else 0.0
             turns.append((int(prompt), int(answer), think))
-            last_end = end
+            last_end = float(rec["ts"])
         if turns:
-            sessions.append((start0, turns))
+            sessions.append((first_start, turns))
     return _from_zero(sessions, dropped)
+
+
+def _start(rec: dict[str, Any]) -> float:
+    """When a logged turn began: the line is written at its end, `seconds` after its start."""
+    return float(rec["ts"]) - float(rec.get("seconds") or 0.0)
 
 
 def from_conversations(data: Sequence[Any], rate_per_s: float) -> Trace:
