@@ -184,6 +184,7 @@ http {{
   server {{
     listen 127.0.0.1:{port};
     client_max_body_size 64m;
+    client_body_buffer_size 64m;  # bodies in memory: the worker need not reach the run folder
     location / {{
       proxy_pass http://routers;
       proxy_http_version 1.1;

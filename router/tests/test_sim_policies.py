@@ -205,8 +205,8 @@ def test_p_s_cpu_tier_loads_the_prompts_its_gpu_cache_lost_but_never_the_answer(
     convs = list(stream(MULTI_TURN, 24, 7))
     plain = run(SMALL, topo, Settings("affinity"), iter(convs), Load(4, 8), check=True)
     tier = run(SMALL, topo, Settings("cpu-tier"), iter(convs), Load(4, 8), check=True)
-    assert plain.engines["p0"]["loaded"] == 0
-    assert tier.engines["p0"]["loaded"] > 0
+    assert plain.engines["p0"]["tier_loaded"] == 0
+    assert tier.engines["p0"]["tier_loaded"] > 0 and tier.engines["p0"]["loaded"] == 0
     assert tier.engines["p0"]["computed"] < plain.engines["p0"]["computed"]
     answers = sum(a for turns in convs for _, a, _ in turns[:-1])
     assert tier.engines["p0"]["computed"] >= answers

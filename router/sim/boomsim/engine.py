@@ -109,6 +109,9 @@ class Engine:
         self.busy_s = 0.0
         self.computed = 0
         self.loaded = 0
+        """Tokens read from other engines (NIXL)."""
+        self.tier_loaded = 0
+        """Tokens loaded from this engine's CPU tier."""
         self._serial = 0
         self._admitting = False
 
@@ -159,10 +162,11 @@ class Engine:
             req.compute = req.computed = req.prompt - cached - load
             if req.load > 0:
                 self.loading += 1
-                self.loaded += req.load
                 if req.tier:
+                    self.tier_loaded += req.load
                     xfer = p.tier_s(load)
                 else:
+                    self.loaded += req.load
                     xfer = p.pull_s(load) if self.role == "prefill" else p.transfer_s(load)
                 self.loop.at(self.loop.now + xfer, self._loaded, req)
             else:

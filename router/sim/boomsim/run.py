@@ -72,6 +72,7 @@ def run(
         engines[e.name] = {
             "computed": e.computed,
             "loaded": e.loaded,
+            "tier_loaded": e.tier_loaded,
             "busy_s": round(e.busy_s, 3),
             "evicted_blocks": e.pool.evicted,
             "lease_ends": dict(sorted(e.lease_ends.items())),

@@ -7,7 +7,9 @@ idle. The benchmark measures its idle costs on the engines; here they come from 
 the same cost formulas the engines run on:
 - TTFT bound: `scale` times an idle engine's time for the turn's whole prompt (the per-turn
   overhead, then the prompt in `token_budget` chunks, each a step);
-- TPOT bound: `scale` times an idle decoder's step with this one stream, at the turn's length.
+- TPOT bound: `scale` times an idle decoder's step with one short stream (the benchmark
+  measures it on a 32-token prompt answered with 65 tokens, `calibrate.measure_tpot`), one
+  bound for every turn as there.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from dataclasses import dataclass
 from production_slo import GOODPUT_SCALE
 
 from boomsim.profiles import Profile
+
+IDLE_TPOT_TOKENS = 32 + 64 // 2
+"""The context of the benchmark's idle TPOT measure, midway through its answer."""
 
 
 def idle_prefill_s(p: Profile, prompt: int) -> float:
@@ -47,4 +52,4 @@ class Slo:
             return False
         if tpot_s is None or answer <= 1:
             return True
-        return tpot_s <= self.scale * idle_tpot_s(self.profile, prompt + answer // 2)
+        return tpot_s <= self.scale * idle_tpot_s(self.profile, IDLE_TPOT_TOKENS)

@@ -11,6 +11,7 @@ conversations.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterator
 from statistics import median
 from typing import Any
@@ -95,8 +96,8 @@ def banded(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
             {
                 key: value,
                 "policy": policy,
-                **{f: median(float(r[f]) for r in runs) for f in FIGURES},
-                "band": {f: [min(r[f] for r in runs), max(r[f] for r in runs)] for f in FIGURES},
+                **{f: _median(_known(runs, f)) for f in FIGURES},
+                "band": {f: _band(_known(runs, f)) for f in FIGURES},
                 "turns": median(r["turns"] for r in runs),
                 "paths": {k: round(v) for k, v in sorted(paths.items())},
                 "seeds": len(runs),
@@ -199,6 +200,19 @@ def best_baselines(rows: list[dict[str, Any]], key: str) -> dict[Any, dict[str, 
             best[figure] = (ranked[-1] if figure in HIGHER else ranked[0])["policy"]
         out[value] = best
     return out
+
+
+def _known(runs: list[dict[str, Any]], figure: str) -> list[float]:
+    """A figure's values over the seeds, leaving out a seed that has none (nan: no turn)."""
+    return [v for r in runs if not math.isnan(v := float(r[figure]))]
+
+
+def _median(values: list[float]) -> float:
+    return median(values) if values else math.nan
+
+
+def _band(values: list[float]) -> list[float]:
+    return [min(values), max(values)] if values else [math.nan, math.nan]
 
 
 def markdown(rows: list[dict[str, Any]], key: str) -> str:

@@ -92,9 +92,11 @@ TPOT_PROBE_TOKENS = 64
 def measure_tpot(d_url: str, model: str, tokens: int = TPOT_PROBE_TOKENS) -> float:
     """One idle decoder's time per output token: a short prompt answered with 1 and with
     `1 + tokens` tokens (fresh random prompts of one length, so both prefill alike), the
-    difference over `tokens`; the fastest of two tries. Without logprobs, as vLLM's multi-turn
-    client asks: each costs the engine time per token, and with them this read 1.3-1.7x the
-    TPOT of the decoder the clients stream from. The benchmark's TPOT SLO is a multiple of it
+    difference over `tokens`; the fastest of two tries. Without logprobs, which vLLM's
+    multi-turn client does not ask for: each costs the engine time per token, and with them
+    this read 1.3-1.7x the decoder's TPOT. Not streamed (a difference of two whole answers
+    is steadier than a stream's arrival times on a loaded host), so it leaves out the few
+    per cent a stream's framing adds. The benchmark's TPOT SLO is a multiple of it
     (`production_slo.py`)."""
     rng = random.Random(time.time_ns())
 
