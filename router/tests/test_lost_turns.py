@@ -5,6 +5,7 @@ stream with the error, and only a whole answer is logged and counted as served."
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -64,3 +65,28 @@ async def test_a_stream_broken_after_its_first_token_is_not_a_served_turn(
         await w.metric("boomerang_router_upstream_failures_total", role="decode", kind="protocol")
         == 1
     )
+
+
+async def test_a_turn_s_log_line_names_its_conversation_by_the_keys_it_looked_and_filed(
+    world: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The planner's trace (`boomsim.trace`): a fingerprinted turn is looked up under its
+    history and filed under the next one's, so each line's `conversation` is the previous
+    line's `next`; digests, never the key (it holds the tenant)."""
+    caplog.set_level(logging.INFO, logger="boomerang.router")
+    w = await world()
+    messages = [{"role": "user", "content": "hello there"}]
+    for _ in range(3):
+        status, answer = await post(w, chat(messages))
+        assert status == 200
+        messages += [answer["choices"][0]["message"], {"role": "user", "content": "and then?"}]
+    for _ in range(100):  # a turn is logged once its answer went out
+        if len(turn_lines(caplog)) == 3:
+            break
+        await asyncio.sleep(0.02)
+    lines = [vars(r) for r in turn_lines(caplog)]
+    assert len(lines) == 3
+    for before, after in zip(lines, lines[1:], strict=False):
+        assert after["conversation"] == before["next"] is not None
+    assert all(len(line["next"]) == 16 for line in lines)
+    assert all(line["prompt_tokens"] for line in lines)

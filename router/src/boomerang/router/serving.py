@@ -327,6 +327,7 @@ class Serving:
             self.metrics.handles_skipped.labels("no_params").inc()
             return False
         key = turn.file_key(self.config.fingerprint_conversations, result.reply)
+        turn.filed_key = key
         held = result.held_ids
         if key is None or held is None or result.params is None:
             self.metrics.handles_skipped.labels("no_key" if key is None else "no_ids").inc()
@@ -373,6 +374,7 @@ class Serving:
         if not self.config.affinity or not turn.req.single_choice:
             return
         key = turn.file_key(self.config.fingerprint_conversations, result.reply)
+        turn.filed_key = key
         if key is None:
             return
         if turn.continued or turn.p_ep is None or turn.alone:  # P computed nothing new

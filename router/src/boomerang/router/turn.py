@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import os
 import time
 from collections.abc import Callable
@@ -114,6 +115,8 @@ class Turn:
     stage: Stage = Stage.NONE
     outcome: Outcome = Outcome.MISS
     lookup_key: bytes | None = None
+    filed_key: bytes | None = None
+    """Where D's handle and the placement were filed for the next turn (`Serving.file`)."""
     handle: conv.Handle | None = None
     """The handle taken from the store (until it is spent, dropped or restored)."""
     reuse: Reuse | None = None
@@ -373,6 +376,13 @@ class Turn:
         broke off, an error, or a client that left is not a served turn."""
         return self.failure is None and self.answer is not None and self.answer.finished
 
+    def _prompt_tokens(self) -> int | None:
+        """The prompt's tokens: as the router tokenized it, else as D returned them."""
+        if self.prompt_ids is not None:
+            return len(self.prompt_ids)
+        answer = self.answer
+        return len(answer.prompt_ids) if answer is not None and answer.prompt_ids else None
+
     def summary(self) -> dict[str, Any]:
         """The fields of the per-turn log line."""
         answer = self.answer
@@ -390,9 +400,13 @@ class Turn:
             "alone": self.alone,
             "path": str(self.path),
             "chosen": str(self.chosen) if self.chosen is not None else None,
-            "prompt_tokens": len(self.prompt_ids) if self.prompt_ids is not None else None,
+            "prompt_tokens": self._prompt_tokens(),
             "cached_tokens": self.p_cached,
             "session": self.req.session.source if self.req.session is not None else None,
+            # Digests of the keys the conversation was looked up and filed under: a turn's
+            # `conversation` is its previous turn's `next` (a planner chains them, `boomsim`)
+            "conversation": key_digest(self.lookup_key),
+            "next": key_digest(self.filed_key),
             "retention_hint_s": self.req.retention.asked_s if self.req.retention else None,
             "retention_hint_applied_s": (
                 self.req.retention.applied_s if self.req.retention else None
@@ -401,3 +415,9 @@ class Turn:
             "carried_over": answer.carried_over if answer is not None else 0,
             "seconds": round(time.perf_counter() - self.started, 4),
         }
+
+
+def key_digest(key: bytes | None) -> str | None:
+    """A store key, as the per-turn log names it: 16 hex digits of its hash (a key holds the
+    tenant and the conversation's id or history digest, which a log need not carry)."""
+    return hashlib.blake2b(key, digest_size=8).hexdigest() if key else None
