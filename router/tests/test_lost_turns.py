@@ -6,6 +6,7 @@ stream with the error, and only a whole answer is logged and counted as served."
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from typing import Any
 
@@ -86,7 +87,7 @@ async def test_a_turn_s_log_line_names_its_conversation_by_the_keys_it_looked_an
         await asyncio.sleep(0.02)
     lines = [vars(r) for r in turn_lines(caplog)]
     assert len(lines) == 3
-    for before, after in zip(lines, lines[1:], strict=False):
+    for before, after in itertools.pairwise(lines):
         assert after["conversation"] == before["next"] is not None
     assert all(len(line["next"]) == 16 for line in lines)
     assert all(line["prompt_tokens"] for line in lines)
