@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -80,6 +79,7 @@ from production_modes import (
 
 from boomerang.connector.model import corpus, model_dir
 from boomerang.local import calibrate, processes, stack
+from boomerang.local.revision import source_revision as source_revision
 
 
 @contextlib.contextmanager
@@ -274,20 +274,6 @@ def regime_runs(s: Sitting, regime: str) -> None:
             one_run(s, es, regime, warm_up, timing, record=False)
             for name in names:
                 one_run(s, es, regime, name, timing)
-
-
-def source_revision(repo: Path) -> str | None:
-    """The commit the sitting's router and engines ran from (`-dirty`: with uncommitted
-    changes), so that sittings of different routers are never read as one; None outside a git
-    checkout. Read once, at the start: the routers are started from this tree run after run."""
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(repo), "describe", "--always", "--dirty", "--abbrev=7"],
-            capture_output=True, text=True, timeout=30, check=True,
-        )  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None
 
 
 def results(s: Sitting) -> dict[str, Any]:

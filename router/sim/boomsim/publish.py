@@ -20,6 +20,8 @@ import subprocess
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from boomerang.local.revision import source_revision
+
 ROOT = Path(__file__).resolve().parents[3]
 DOC = ROOT / "docs" / "simulation.md"
 ENTRY = ("boomsim",)
@@ -71,14 +73,7 @@ def decision_hash() -> str:
 
 def revision() -> str:
     """The commit the tables were made at (`-dirty`: with uncommitted changes)."""
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(ROOT), "describe", "--always", "--dirty", "--abbrev=7"],
-            capture_output=True, text=True, timeout=30, check=True,
-        )  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return out.stdout.strip() or "unknown"
+    return source_revision(ROOT) or "unknown"
 
 
 def stamp(commit: str, code_hash: str) -> str:

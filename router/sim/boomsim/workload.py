@@ -148,18 +148,21 @@ class OpenLoop:
         if turns is None:
             return
         self.opened += 1
-        self._turn(self.opened, turns, 0)
+        session_turn(self.loop, self.send, self.opened, turns, 0)
         self.loop.at(self.loop.now + self.rng.expovariate(self.rate), self._arrive)
 
-    def _turn(self, conv: int, turns: Turns, k: int) -> None:
-        prompt, answer, _ = turns[k]
 
-        def done(t: float) -> None:
-            if k + 1 < len(turns):
-                think = turns[k + 1][2]
-                self.loop.at(t + think, lambda _: self._turn(conv, turns, k + 1))
+def session_turn(loop: Loop, send: Send, conv: int, turns: Turns, k: int) -> None:
+    """Send turn `k` of a session; its next one goes its think time after this one's answer
+    (an open-loop session: nobody waits for a free client)."""
+    prompt, answer, _ = turns[k]
 
-        self.send(conv, k, prompt, answer, done)
+    def done(t: float) -> None:
+        if k + 1 < len(turns):
+            think = turns[k + 1][2]
+            loop.at(t + think, lambda _: session_turn(loop, send, conv, turns, k + 1))
+
+    send(conv, k, prompt, answer, done)
 
 
 class Replay:
@@ -174,17 +177,7 @@ class Replay:
             self.loop.at(self.loop.now + at, self._first, (conv, turns))
 
     def _first(self, arg: tuple[int, Turns]) -> None:
-        self._turn(*arg, 0)
-
-    def _turn(self, conv: int, turns: Turns, k: int) -> None:
-        prompt, answer, _ = turns[k]
-
-        def done(t: float) -> None:
-            if k + 1 < len(turns):
-                think = turns[k + 1][2]
-                self.loop.at(t + think, lambda _: self._turn(conv, turns, k + 1))
-
-        self.send(conv, k, prompt, answer, done)
+        session_turn(self.loop, self.send, arg[0], arg[1], 0)
 
 
 def stream(shape: Shape, n: int, seed: int) -> Iterator[Turns]:
