@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
         sections = []
         for name, key, fn, heading in SWEEPS:
             start = time.process_time()
-            rows = fn(sizes)
+            rows = sweep.over_seeds(fn, sizes, key)
             results[name] = rows
             table = sweep.markdown(rows, key)
             title = heading.format(

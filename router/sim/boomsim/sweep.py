@@ -106,23 +106,14 @@ def banded(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
     return out
 
 
-def ratios(sizes: Sizes) -> list[dict[str, Any]]:
-    return banded([r for seed in sizes.seeds for r in _ratios(sizes, seed)], "ratio")
+def over_seeds(
+    sweep: Callable[[Sizes, int], list[dict[str, Any]]], sizes: Sizes, key: str
+) -> list[dict[str, Any]]:
+    """A sweep run once per seed of `sizes`, its rows `banded` by the swept `key`."""
+    return banded([r for seed in sizes.seeds for r in sweep(sizes, seed)], key)
 
 
-def sessions(sizes: Sizes) -> list[dict[str, Any]]:
-    return banded([r for seed in sizes.seeds for r in _sessions(sizes, seed)], "sessions")
-
-
-def kv(sizes: Sizes) -> list[dict[str, Any]]:
-    return banded([r for seed in sizes.seeds for r in _kv(sizes, seed)], "kv_blocks")
-
-
-def suffix(sizes: Sizes) -> list[dict[str, Any]]:
-    return banded([r for seed in sizes.seeds for r in _suffix(sizes, seed)], "suffix")
-
-
-def _ratios(sizes: Sizes, seed: int) -> list[dict[str, Any]]:
+def ratios(sizes: Sizes, seed: int) -> list[dict[str, Any]]:
     """Agentic sessions arriving at a rate proportional to the decoders, per P:D ratio."""
     rows = []
     for p, d in RATIOS:
@@ -135,7 +126,7 @@ def _ratios(sizes: Sizes, seed: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _sessions(sizes: Sizes, seed: int) -> list[dict[str, Any]]:
+def sessions(sizes: Sizes, seed: int) -> list[dict[str, Any]]:
     """4P8D, N agentic sessions arriving within `SESSION_WINDOW_S`."""
     rows = []
     for n in sizes.session_counts:
@@ -154,7 +145,7 @@ def _sessions(sizes: Sizes, seed: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _kv(sizes: Sizes, seed: int) -> list[dict[str, Any]]:
+def kv(sizes: Sizes, seed: int) -> list[dict[str, Any]]:
     """1P2D, both roles at each KV size, agentic sessions."""
     rows = []
     for blocks in sizes.kv_blocks:
@@ -166,7 +157,7 @@ def _kv(sizes: Sizes, seed: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _suffix(sizes: Sizes, seed: int) -> list[dict[str, Any]]:
+def suffix(sizes: Sizes, seed: int) -> list[dict[str, Any]]:
     """1P2D, vLLM's multi-turn shape with user turns of s/2..s tokens, 32 clients."""
     rows = []
     for s in sizes.suffixes:
