@@ -326,8 +326,7 @@ class Serving:
         if not protocol.retained_by_decoder(result.params):
             self.metrics.handles_skipped.labels("no_params").inc()
             return False
-        key = turn.file_key(self.config.fingerprint_conversations, result.reply)
-        turn.filed_key = key
+        key = self._file_key(turn, result)
         held = result.held_ids
         if key is None or held is None or result.params is None:
             self.metrics.handles_skipped.labels("no_key" if key is None else "no_ids").inc()
@@ -356,6 +355,14 @@ class Serving:
         turn.retention_learned_s = self.retention.learned_s(turn.tenant, now)
         return True
 
+    def _file_key(self, turn: Turn, result: DecodeResult) -> bytes | None:
+        """Where the next turn looks first (`Turn.file_key`), worked out once a turn: the
+        placement and the handle are filed under it, and the turn's log line names it."""
+        if not turn.key_filed:
+            turn.filed_key = turn.file_key(self.config.fingerprint_conversations, result.reply)
+            turn.key_filed = True
+        return turn.filed_key
+
     def _p_probe(self, turn: Turn, result: DecodeResult) -> int | None:
         """The index's name of the prompt's last whole block (`Lease.p_probe`): while a prefill
         engine holds it, P holds this history. None without the index or the prompt's ids, and
@@ -373,8 +380,7 @@ class Serving:
         """Remember where this turn ran, under the key its next turn will look up."""
         if not self.config.affinity or not turn.req.single_choice:
             return
-        key = turn.file_key(self.config.fingerprint_conversations, result.reply)
-        turn.filed_key = key
+        key = self._file_key(turn, result)
         if key is None:
             return
         if turn.continued or turn.p_ep is None or turn.alone:  # P computed nothing new

@@ -116,7 +116,9 @@ class Turn:
     outcome: Outcome = Outcome.MISS
     lookup_key: bytes | None = None
     filed_key: bytes | None = None
-    """Where D's handle and the placement were filed for the next turn (`Serving.file`)."""
+    """Where D's handle and the placement were filed for the next turn (`Serving._file_key`)."""
+    key_filed: bool = False
+    """`filed_key` is worked out (None can be its value: nothing to file under)."""
     handle: conv.Handle | None = None
     """The handle taken from the store (until it is spent, dropped or restored)."""
     reuse: Reuse | None = None
