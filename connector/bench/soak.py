@@ -50,7 +50,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,9 +124,9 @@ class Stack:
     def start(self, spec: processes.ProcessSpec, timeout_s: float = 900.0) -> None:
         self.pids[spec.name] = processes.spawn(spec).pid
         if spec.name == "redis":
-            wait_redis(self.pids[spec.name], timeout_s)
+            wait_answer("redis-server", REDIS_PORT, redis_answers, self.pids[spec.name], timeout_s)
         elif spec.name == "nginx":
-            wait_front(self.pids[spec.name], timeout_s)
+            wait_answer("nginx", FRONT_PORT, front_listens, self.pids[spec.name], timeout_s)
         else:
             processes.wait_healthy(spec, self.pids[spec.name], timeout_s)
 
@@ -142,17 +142,21 @@ def redis_answers() -> bool:
     return False
 
 
-def wait_redis(pid: int, timeout_s: float) -> None:
-    """Until the Redis just started answers PING on its port (`soak_stack` refuses to start
-    while another answers there: it would answer for this one and outlive its restarts)."""
+def wait_answer(
+    name: str, port: int, answers: Callable[[], bool], pid: int, timeout_s: float
+) -> None:
+    """Until the process just started answers on its port (`answers`); it exiting first, or
+    not answering in time, ends the soak. For Redis the answer is its PING: `soak_stack`
+    refuses to start while another Redis answers there, which would answer for this one and
+    outlive its restarts."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not processes.alive(pid):
-            sys.exit(f"redis-server exited while starting (is port {REDIS_PORT} taken?)")
-        if redis_answers():
+            sys.exit(f"{name} exited while starting (is port {port} taken?)")
+        if answers():
             return
         time.sleep(0.2)
-    sys.exit("redis-server did not answer in time")
+    sys.exit(f"{name} did not answer in time")
 
 
 def redis_spec(run_dir: Path) -> processes.ProcessSpec:
@@ -220,15 +224,11 @@ def front_spec(run_dir: Path) -> processes.ProcessSpec:
     )
 
 
-def wait_front(pid: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not processes.alive(pid):
-            sys.exit(f"nginx exited while starting (is port {FRONT_PORT} taken?)")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", FRONT_PORT), 1):
-            return
-        time.sleep(0.2)
-    sys.exit("nginx did not listen in time")
+def front_listens() -> bool:
+    """Whether nginx accepts connections on the front's port."""
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", FRONT_PORT), 1):
+        return True
+    return False
 
 
 def router_spec(
