@@ -34,6 +34,8 @@ PORTS = stack.LocalPorts(
     router=18080, prefill=18100, decode=18200, prefill_side_channel=15600, decode_side_channel=15700
 )
 ENGINE_START_S = 900.0
+ENGINE_ROLES = ("prefill", "decode")
+"""The processes the session keeps across modules; every other one (routers) is a module's."""
 
 
 def engine_venv(route: str | None = None) -> Path | None:
@@ -70,7 +72,7 @@ class DataPlane:
     def d_url(self) -> str:
         return f"http://127.0.0.1:{PORTS.decode}"
 
-    def start_engines(self, roles: tuple[str, ...] = ("prefill", "decode")) -> None:
+    def start_engines(self, roles: tuple[str, ...] = ENGINE_ROLES) -> None:
         for role in roles:
             spec = stack.engine_spec(
                 self.dd,
@@ -108,6 +110,14 @@ class DataPlane:
         assert "boomerang_router_kv_index_blocks" in scrape(url), f"{url} is not router {name}"
         return url
 
+    def stop_routers(self) -> None:
+        """Stop every process but the engines. A router left running probes D again whenever
+        D comes back (`idle_probe`): after one test restarted D, eight earlier modules'
+        routers timed answers there during a later test that counts D's computed tokens
+        (a CI run read 392 where at most 166 were the test's own)."""
+        for name in [n for n in self.pids if n not in ENGINE_ROLES]:
+            processes.stop(self.pids.pop(name), timeout=30.0)
+
     def stop_all(self) -> None:
         for name in list(self.pids):
             processes.stop(self.pids.pop(name), timeout=30.0)
@@ -117,12 +127,21 @@ _RUNNING: list[DataPlane] = []
 """The session's plane while its engines run: stopped when this folder's last test is done."""
 
 
-def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """Engines hold ~7 GB and spin on the two cores: they stop once the tests that use them are
-    over, not at the end of the session, where they would starve the real node's engines."""
+    over, not at the end of the session, where they would starve the real node's engines.
+    Routers stop when their module is done, so no module sees another's traffic on D: after
+    the module's own fixtures are torn down (they may still talk to them)."""
+    result = yield
+    if not _RUNNING:
+        return result
     here = Path(__file__).resolve().parent
-    if _RUNNING and (nextitem is None or Path(nextitem.path).resolve().parent != here):
+    if nextitem is None or Path(nextitem.path).resolve().parent != here:
         _RUNNING.pop().stop_all()
+    elif Path(nextitem.path) != Path(item.path):
+        _RUNNING[0].stop_routers()
+    return result
 
 
 @pytest.fixture(scope="session")
