@@ -145,8 +145,10 @@ def test_a_first_turn_p_would_make_late_runs_on_the_decoder_alone(dataplane):
 def test_a_fresh_router_probes_the_idle_decoder_for_its_tpot_bound(dataplane):
     """The SLO-aware choice's TPOT bound is a multiple of an idle decoder's time per token.
     A router started beside busy traffic never sees an idle stream, so it asks the decoder
-    once (`idle_probe.py`): the time it learns agrees with the benchmark's own measure of the
-    same idle decoder (`calibrate.measure_tpot`), and the bound is that times the scale."""
+    once (`idle_probe.py`), reading the decoder's own clock (vLLM's per-request TPOT
+    histogram): the time it learns agrees with the benchmark's own measure of the same idle
+    decoder, timed by a client (`calibrate.measure_tpot`), and the bound is that times the
+    scale."""
     router = dataplane.router("router-probe", tuning={"mode": "adaptive"})
 
     def probed() -> float:
@@ -155,8 +157,6 @@ def test_a_fresh_router_probes_the_idle_decoder_for_its_tpot_bound(dataplane):
 
     assert eventually(lambda: probed() > 0, within_s=60.0), "the router never probed D"
     idle = calibrate.measure_tpot(dataplane.d_url, dataplane.model)
-    # the bench's measure asks for log probabilities, which cost a little per token: the probe,
-    # which does not, reads 0.6-0.8 of it here
-    assert 0.4 * idle <= probed() <= 2.0 * idle, (probed(), idle)
+    assert 0.7 * idle <= probed() <= 1.3 * idle, (probed(), idle)
     slo = pdclient.get_json(f"{router}/boomerang/v1/state")["slo"]
     assert slo["tpot_s"] == pytest.approx(slo["scale"] * probed())

@@ -123,6 +123,13 @@ class EngineSpec:
     count after a failed load, `kv_load_failure_policy: recompute`)."""
     tpot_s: float = 0.0
     """Time per output token of an answer not streamed (what the router's idle probe times)."""
+    clock_tpot_s: float | None = None
+    """What `/metrics` says an answer not streamed took per output token, as vLLM's
+    `vllm:request_time_per_output_token_seconds` histogram (its engine core's clock; 0 for a
+    one-token answer); None: no such histogram."""
+    finished_beside: int = 0
+    """Answers not streamed of many tokens still to count one more request in that histogram
+    (another client's, finished beside it: the engine was not idle)."""
     chunk_per_token: bool = False
     """Stream one chunk per generated token, as vLLM does (default: one per word, fewer
     chunks for tests); reasoning tokens are then streamed as content."""
@@ -163,6 +170,7 @@ class FakeEngine:
         self.spec = spec
         self._ids = itertools.count(1)
         self._blocks = itertools.count()
+        self._tpot_totals = [0.0, 0]  # the TPOT histogram's sum and count
 
     def app(self) -> web.Application:
         """The aiohttp app serving this engine."""
@@ -198,6 +206,15 @@ class FakeEngine:
             lines += [
                 f'{ENGINE_CAPABILITY_METRIC}{{capability="{c}"}} 1.0'
                 for c in self.spec.capabilities
+            ]
+        if self.spec.clock_tpot_s is not None:
+            name = "vllm:request_time_per_output_token_seconds"
+            total, count = self._tpot_totals
+            lines += [
+                f"# TYPE {name} histogram",
+                f'{name}_bucket{{le="+Inf",engine="0"}} {count}.0',
+                f'{name}_count{{engine="0"}} {count}.0',
+                f'{name}_sum{{engine="0"}} {total}',
             ]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
@@ -358,6 +375,12 @@ class FakeEngine:
         cached = loaded(params, ids)
         if not body.get("stream"):
             await asyncio.sleep(self.spec.tpot_s * len(out_ids))
+            if self.spec.clock_tpot_s is not None:
+                self._tpot_totals[0] += self.spec.clock_tpot_s if len(out_ids) > 1 else 0.0
+                self._tpot_totals[1] += 1
+                if self.spec.finished_beside and len(out_ids) > 1:
+                    self.spec.finished_beside -= 1
+                    self._tpot_totals[1] += 1
             out = completion_response(body, rid, content, out_ids, finish, ids, want_ids, reasoning)
             out["kv_transfer_params"] = d_params
             out["usage"] = usage(len(ids), len(out_ids), cached)

@@ -81,6 +81,23 @@ def revision_from_metrics(text: bytes) -> str | None:
     return found.pop() or None
 
 
+def histogram_totals(text: bytes, metric: str) -> tuple[float, float] | None:
+    """The `_sum` and `_count` of histogram `metric` added over its label sets (an engine per
+    data-parallel rank); None when the page has neither or does not parse."""
+    totals = {"_sum": 0.0, "_count": 0.0}
+    seen = False
+    try:
+        for family in text_string_to_metric_families(text.decode(errors="replace")):
+            for sample in family.samples:
+                suffix = sample.name.removeprefix(metric)
+                if suffix in totals and sample.name != suffix:
+                    totals[suffix] += sample.value
+                    seen = True
+    except ValueError:
+        return None
+    return (totals["_sum"], totals["_count"]) if seen else None
+
+
 def _set_labels(text: bytes, metric: str, label: str) -> set[str] | None:
     """The `label` values of `metric`'s samples that are set (non-zero), as the plugin's
     info gauges publish them; None when the page does not parse."""
