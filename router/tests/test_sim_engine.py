@@ -102,3 +102,30 @@ def test_a_prefill_engine_recomputes_a_load_below_its_threshold() -> None:
     e.submit(_req(1, 100, 1, seen, remote=63))
     loop.run()
     assert e.loaded == 0 and e.computed == 100
+
+
+@pytest.mark.parametrize("on_compute", [False, True])
+def test_a_pulls_extra_cost_is_the_requests_wait_or_ps_step(on_compute: bool) -> None:
+    """P pulls 4,000 tokens for one request; another arrives while the pull's cost beyond the
+    read runs. That cost either delays the puller alone while P computes the other (the fit's
+    reading), or is spent in P's step, which the other then waits out, and counts in P's busy
+    time (`Profile.pull_on_compute`)."""
+    profile = dataclasses.replace(P, pull_on_compute=on_compute)
+    loop = Loop()
+    e = Engine("p", "prefill", profile, loop, BlockPool(100_000))
+    puller: dict[str, list[float]] = {}
+    other: dict[str, list[float]] = {}
+    e.submit(_req(1, 4001, 1, puller, remote=4000))
+    read, extra = profile.transfer_s(4000), profile.pull_s(4000) - profile.transfer_s(4000)
+    loop.at(read + extra / 2, lambda _: e.submit(_req(2, 2000, 1, other)))
+    loop.run()
+    mine, alone = STEP + P.prefill_s(1, 4000), STEP + P.prefill_s(2000, 0)
+    assert alone > extra / 2  # so the puller, ready after the extra, waits for the other's step
+    if on_compute:
+        assert puller["first"] == [pytest.approx(read + mine + extra)]
+        assert other["first"] == [pytest.approx(read + mine + extra + alone)]
+        assert e.busy_s == pytest.approx(mine + extra + alone)
+    else:
+        assert other["first"] == [pytest.approx(read + extra / 2 + alone)]
+        assert puller["first"] == [pytest.approx(read + extra / 2 + alone + mine)]
+        assert e.busy_s == pytest.approx(mine + alone)

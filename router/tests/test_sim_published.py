@@ -13,7 +13,7 @@ from boomsim import publish
 
 def test_the_published_tables_were_made_by_head_s_decision_code() -> None:
     found = publish.stamps(publish.DOC.read_text())
-    assert len(found) == 2, "docs/simulation.md: the calibration and sweeps blocks, stamped"
+    assert len(found) == 3, "docs/simulation.md: the calibration, sweeps and sensitivity blocks"
     now = publish.decision_hash()
     stale = [commit for commit, code in found if code != now]
     assert not stale, (

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import itertools
+import random
 from pathlib import Path
+from statistics import fmean, pstdev
 
+import pytest
+from boomsim.loop import Loop
 from boomsim.plot import pd_ratio
 from boomsim.policies import POLICIES
-from boomsim.workload import AGENTIC, MULTI_TURN, Shape, published, stream
+from boomsim.workload import AGENTIC, MULTI_TURN, OpenLoop, Shape, published, stream
 
 
 def test_the_multi_turn_shape_is_vllms_documented_one_and_seeded() -> None:
@@ -43,3 +47,18 @@ def test_the_ratio_plot_is_written(tmp_path: Path) -> None:
     ]
     out = pd_ratio(rows, tmp_path / "r.png")
     assert out.stat().st_size > 1000
+
+
+def test_bursty_arrivals_keep_the_rate_and_poisson_stays_as_it_was() -> None:
+    """Gamma-distributed gaps with the asked coefficient of variation and the same mean; at a
+    CV of 1 the gaps are the exponential ones drawn before (published tables unchanged)."""
+
+    def gaps(cv: float, seed: int = 7) -> list[float]:
+        arrivals = OpenLoop(Loop(), lambda *a: None, iter(()), 2.0, random.Random(seed), cv)
+        return [arrivals._gap() for _ in range(40_000)]
+
+    bursty = gaps(3.0)
+    assert fmean(bursty) == pytest.approx(0.5, rel=0.06)
+    assert pstdev(bursty) / fmean(bursty) == pytest.approx(3.0, rel=0.1)
+    rng = random.Random(7)
+    assert gaps(1.0)[:100] == [rng.expovariate(2.0) for _ in range(100)]

@@ -1,7 +1,8 @@
 """`python -m boomsim` (`make sim`): the calibration table, the sweeps, the plot, the speed.
 
-make sim                      # calibration, every sweep at full size over 3 seeds, plot, and
-                              # docs/simulation.md's tables (stamped: `publish.py`)
+make sim                      # calibration, every sweep at full size over 3 seeds, the
+                              # sensitivity table, plot, and docs/simulation.md's tables
+                              # (stamped: `publish.py`)
 make sim ARGS=--quick         # the same, smaller (seconds); written to a temporary folder
 make sim ARGS="speed --turns 1000000"
 make sim ARGS=fit             # re-derive the GPU profile's fitted constants
@@ -19,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from boomsim import calibrate, plan, plot, publish, speed, sweep
+from boomsim import calibrate, plan, plot, publish, sensitivity, speed, sweep
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 SWEEPS = (
@@ -81,6 +82,11 @@ def main(argv: list[str] | None = None) -> None:
             print(f"Sweep: {name} ({time.process_time() - start:.1f} s CPU)\n")
             print(table + "\n")
         published["sweeps"] = "\n\n".join(sections)
+        start = time.process_time()
+        results["sensitivity"] = sensitivity.over_seeds(sizes)
+        published["sensitivity"] = sensitivity.markdown(results["sensitivity"])
+        print(f"Sensitivity ({time.process_time() - start:.1f} s CPU)\n")
+        print(published["sensitivity"] + "\n")
         out.mkdir(parents=True, exist_ok=True)
         print(f"Plot: {plot.pd_ratio(results['ratios'], out / 'pd_ratio.png')}")
     if args.what == "all" and out == RESULTS:  # the full run, into the repository

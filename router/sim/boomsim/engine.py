@@ -47,6 +47,7 @@ class Req:
         "on_done",
         "on_first",
         "on_loaded",
+        "owed_s",
         "prompt",
         "remote",
         "tier",
@@ -73,6 +74,9 @@ class Req:
         self.load = self.compute = self.computed = self.ctx = 0
         self.tier = False
         """What it loads comes from P's CPU tier (PCIe), not a remote engine (NIXL)."""
+        self.owed_s = 0.0
+        """Engine time its load costs beyond the read, spent in its first step
+        (`Profile.pull_on_compute`)."""
         self.first_at = 0.0
 
 
@@ -168,6 +172,9 @@ class Engine:
                 else:
                     self.loaded += req.load
                     xfer = p.pull_s(load) if self.role == "prefill" else p.transfer_s(load)
+                    if self.role == "prefill" and p.pull_on_compute:
+                        xfer = p.transfer_s(load)
+                        req.owed_s = p.pull_s(load) - xfer
                 self.loop.at(self.loop.now + xfer, self._loaded, req)
             else:
                 if req.on_loaded is not None:
@@ -202,7 +209,8 @@ class Engine:
                 break
             n = min(req.compute, budget)
             chunks.append((req, n))
-            t += p.prefill_s(n, req.ctx)
+            t += p.prefill_s(n, req.ctx) + req.owed_s
+            req.owed_s = 0.0
             budget -= n
         self._gen += 1
         now = self.loop.now

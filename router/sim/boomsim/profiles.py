@@ -62,6 +62,11 @@ class Profile:
     tier_bytes_per_s: float = 1.0
     """Loading from the CPU tier: host to GPU memory over PCIe, every GPU of the engine."""
     tier_latency_s: float = 0.0
+    pull_on_compute: bool = False
+    """Where a pull's cost beyond the read goes (`pull_fixed_s`, `pull_s_per_token`). False
+    (the fit's reading): the request waits and P's other requests go on. True: the step of P
+    that first computes the request takes it, so the whole batch waits (a reading of the
+    sensitivity table; the fit cannot tell the two apart)."""
 
     def prefill_s(self, n: int, ctx: int) -> float:
         """Compute time of `n` new tokens after `ctx` cached ones (no fixed part)."""

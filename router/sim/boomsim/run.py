@@ -28,6 +28,8 @@ class Load:
     max_active: int = 8
     rate: float | None = None
     seed: int = 0
+    burst_cv: float = 1.0
+    """Open loop: the arrival gaps' coefficient of variation (1: Poisson; `OpenLoop`)."""
     replay: tuple[tuple[float, Turns], ...] | None = None
 
 
@@ -61,7 +63,8 @@ def run(
     elif load.rate is None:
         ClosedLoop(loop, _send(cluster), convs, load.clients, load.max_active).start()
     else:
-        OpenLoop(loop, _send(cluster), convs, load.rate, random.Random(load.seed + 1)).start()
+        rng = random.Random(load.seed + 1)
+        OpenLoop(loop, _send(cluster), convs, load.rate, rng, load.burst_cv).start()
     start = time.process_time()
     loop.run()
     wall = time.process_time() - start

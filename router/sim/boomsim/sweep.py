@@ -220,9 +220,9 @@ def markdown(rows: list[dict[str, Any]], key: str) -> str:
         for r in (r for r in rows if r[key] == value):
             paths = " ".join(f"{k} {v}" for k, v in r["paths"].items())
             lines.append(
-                f"| {r[key]} | {r['policy']} | {_b(r, 'first_p50')} | {_b(r, 'follow_p50')} | "
-                f"{_b(r, 'follow_p99')} | {_t(r['tpot_p50'])} / {_t(r['tpot_p99'])} | "
-                f"{_b(r, 'goodput', _rate)} ({r['attainment']:.0%}) | "
+                f"| {r[key]} | {r['policy']} | {cell(r, 'first_p50')} | {cell(r, 'follow_p50')} | "
+                f"{cell(r, 'follow_p99')} | {_t(r['tpot_p50'])} / {_t(r['tpot_p99'])} | "
+                f"{cell(r, 'goodput', per_s)} ({r['attainment']:.0%}) | "
                 f"{r['turns_per_s']:.2f} | {paths} |"
             )
         if (b := best.get(value)) is not None:
@@ -236,7 +236,7 @@ def markdown(rows: list[dict[str, Any]], key: str) -> str:
     return "\n".join(lines)
 
 
-def _b(row: dict[str, Any], figure: str, fmt: Callable[[float], str] | None = None) -> str:
+def cell(row: dict[str, Any], figure: str, fmt: Callable[[float], str] | None = None) -> str:
     """A figure's median, and its band over the seeds when there is one."""
     fmt = fmt or _t
     lo, hi = row.get("band", {}).get(figure, (row[figure], row[figure]))
@@ -245,8 +245,8 @@ def _b(row: dict[str, Any], figure: str, fmt: Callable[[float], str] | None = No
     return f"{fmt(row[figure])} [{fmt(lo)}-{fmt(hi)}]"
 
 
-def _rate(per_s: float) -> str:
-    return f"{per_s:.2f}"
+def per_s(value: float) -> str:
+    return f"{value:.2f}"
 
 
 def _t(seconds: float) -> str:

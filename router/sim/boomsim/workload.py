@@ -132,13 +132,27 @@ class ClosedLoop:
 
 
 class OpenLoop:
-    """Sessions arriving at `rate` per second, each turn after its think time."""
+    """Sessions arriving at `rate` per second, each turn after its think time. The gaps between
+    arrivals are exponential (Poisson arrivals, `burst_cv` 1), or gamma-distributed with that
+    coefficient of variation: above 1, sessions come in bursts with quiet spells between."""
 
     def __init__(
-        self, loop: Loop, send: Send, convs: Iterator[Turns], rate: float, rng: random.Random
+        self,
+        loop: Loop,
+        send: Send,
+        convs: Iterator[Turns],
+        rate: float,
+        rng: random.Random,
+        burst_cv: float = 1.0,
     ) -> None:
         self.loop, self.send, self.convs, self.rate, self.rng = loop, send, convs, rate, rng
+        self.shape = 1.0 / burst_cv**2
         self.opened = 0
+
+    def _gap(self) -> float:
+        if self.shape == 1.0:
+            return self.rng.expovariate(self.rate)
+        return self.rng.gammavariate(self.shape, 1.0 / (self.rate * self.shape))
 
     def start(self) -> None:
         self.loop.at(self.loop.now, self._arrive)
@@ -149,7 +163,7 @@ class OpenLoop:
             return
         self.opened += 1
         session_turn(self.loop, self.send, self.opened, turns, 0)
-        self.loop.at(self.loop.now + self.rng.expovariate(self.rate), self._arrive)
+        self.loop.at(self.loop.now + self._gap(), self._arrive)
 
 
 def session_turn(loop: Loop, send: Send, conv: int, turns: Turns, k: int) -> None:
