@@ -19,7 +19,10 @@ turns are in flight, one fault is injected:
   drain stops a pod, then B started again once it exited (it stops listening, finishes its
   turns in flight, exits: nothing may be lost);
 - `restart-redis`: SIGKILL to Redis, then Redis started again, empty (handles are lost:
-  turns recompute, none may fail).
+  turns recompute, none may fail);
+- `fill-d`: another client fills D's KV for `FILL_S` (long prompts of random ids sent to D
+  directly, streaming long answers, then dropped): D must give up what it retains (its leases
+  yield under memory pressure) and preempt, and the soak's turns wait; none may be lost.
 
 Per fault it reports the turns it touched (requests in flight between the fault and the
 stack's recovery), turns lost by the client's own count (expected against answered), the
@@ -42,6 +45,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -51,7 +55,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +69,7 @@ from production_engines import manifest as regime_manifest
 from production_modes import REGIMES, Workload, generator_config
 
 from boomerang.connector.model import corpus, model_dir
-from boomerang.local import processes, stack
+from boomerang.local import engine_client, processes, stack
 
 FAULTS = (
     "kill-d",
@@ -75,9 +79,23 @@ FAULTS = (
     "kill-p",
     "stop-p",
     "restart-redis",
+    "fill-d",
 )
 STOP_S = 7.0
 """How long a stopped engine stays stopped (the issue's 5-10 s)."""
+FILL_S = 15.0
+"""How long the `fill-d` fault's requests stream on D once they all run."""
+FILL_SHARE = 1.25
+"""The `fill-d` fault's prompts hold this share of D's KV in all (more than it has: D must
+free what it retains and preempt to run them)."""
+FULL = 0.95
+"""D's KV use at which the `fill-d` fault counts it full."""
+FILL_WAIT_S = 120.0
+"""The longest the `fill-d` fault waits for D's KV to fill (prefilling its prompts)."""
+D_BLOCKS = 600
+"""D's KV in the soak, blocks of 128 tokens (76,800 tokens, as the agentic regime's): what a
+run's conversations retain comes near it, and the `fill-d` fault can fill it in seconds (the
+CPU engine's own KV space would hold millions of tokens)."""
 FAULT_AT_S = 8.0
 """Seconds into a run when its fault strikes: the clients' first turns are in flight (a run's
 turns take 20-60 s here; at 25 s they had all been answered)."""
@@ -315,6 +333,8 @@ def strike(s: Stack, fault: str) -> None:
         if processes.alive(pid):
             sys.exit(f"{name} did not exit within its drain ({DRAIN_S:.0f} s) after SIGTERM")
         s.start(s.routers[name], 60)
+    elif fault == "fill-d":
+        fill_decoder(s.es.decode[0], s.es.dd.spec.model.served_name)
     elif fault == "restart-redis":
         processes.kill(s.pids["redis"])
         if redis_answers():
@@ -322,6 +342,53 @@ def strike(s: Stack, fault: str) -> None:
         s.start(s.redis, 30)
     else:
         raise ValueError(f"unknown fault {fault!r}")
+
+
+def fill_decoder(d_url: str, model: str) -> None:
+    """Fill D's KV from outside the routers (`fill-d`): `FILL_SHARE` of D's blocks in prompts
+    of random ids no longer than half D's context, each streaming a long answer, until D's KV
+    is `FULL` used (at most `FILL_WAIT_S`); `FILL_S` more, then every connection dropped
+    (vLLM aborts a request whose client went away)."""
+    page = engine_client.scrape(d_url)
+    info = engine_client.samples(page, "vllm:cache_config_info")
+    if not info:
+        sys.exit(f"{d_url} does not say its KV size (vllm:cache_config_info)")
+    kv_tokens = int(info[0].labels["num_gpu_blocks"]) * int(info[0].labels["block_size"])
+    context = int(pdclient.get_json(f"{d_url}/v1/models")["data"][0]["max_model_len"])
+    length = min(context // 2, kv_tokens)
+    rng = random.Random(int(FILL_S))
+    prompts = [
+        [rng.randrange(16, 8000) for _ in range(length)]
+        for _ in range(max(1, round(FILL_SHARE * kv_tokens / length)))
+    ]
+    stop = threading.Event()
+
+    def one(prompt: list[int]) -> None:
+        body = {"model": model, "prompt": prompt, "max_tokens": context - length - 1,
+                "ignore_eos": True, "stream": True}  # fmt: skip
+        with contextlib.suppress(OSError, ValueError):
+            for _ in engine_client.stream_events(f"{d_url}/v1/completions", body, timeout=600):
+                if stop.is_set():
+                    return  # leaving the loop closes the connection: vLLM aborts it
+
+    threads = [threading.Thread(target=one, args=(p,), daemon=True) for p in prompts]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + FILL_WAIT_S
+    while time.monotonic() < deadline and kv_used(d_url) < FULL:
+        time.sleep(0.5)
+    time.sleep(FILL_S)
+    stop.set()
+    for t in threads:
+        t.join(timeout=120)
+
+
+def kv_used(d_url: str) -> float:
+    """D's share of KV blocks in use (vLLM's `vllm:kv_cache_usage_perc`, 0-1); 0 unread."""
+    with contextlib.suppress(OSError, ValueError):
+        found = engine_client.samples(engine_client.scrape(d_url), "vllm:kv_cache_usage_perc")
+        return max((sample.value for sample in found), default=0.0)
+    return 0.0
 
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -479,10 +546,11 @@ def parse_args() -> Args:
 
 def manifest() -> Any:
     """The benchmark's spare regime (one P with its prefix cache, one D), bidirectional, with
-    the soak's short decoder TTL."""
+    the soak's short decoder TTL and D's KV bounded (`D_BLOCKS`)."""
     from boomerang.operator.api import DisaggregatedDeployment
 
-    data = regime_manifest(REGIMES["spare"], bidirectional=True).model_dump(
+    regime = replace(REGIMES["spare"], d_blocks=D_BLOCKS)
+    data = regime_manifest(regime, bidirectional=True).model_dump(
         mode="json", by_alias=True, exclude_none=True
     )
     data["spec"]["kvTransfer"]["decoderBlocksTTL"] = f"{DECODER_TTL_S}s"
