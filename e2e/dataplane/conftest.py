@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
+from dataplane.leasing import lease_api
 from kube import free_port
 
 from boomerang.connector import engine_venv as engine_venvs
@@ -36,6 +38,9 @@ PORTS = stack.LocalPorts(
 ENGINE_START_S = 900.0
 ENGINE_ROLES = ("prefill", "decode")
 """The processes the session keeps across modules; every other one (routers) is a module's."""
+RELEASE_S = 60.0
+"""How long D may take to give up what the stopped routers' conversations retain (a claimed
+lease waits out its claim, `kv_lease_duration` 30 s)."""
 
 
 def engine_venv(route: str | None = None) -> Path | None:
@@ -111,16 +116,41 @@ class DataPlane:
         return url
 
     def stop_routers(self) -> None:
-        """Stop every process but the engines. A router left running probes D again whenever
-        D comes back (`idle_probe`): after one test restarted D, eight earlier modules'
-        routers timed answers there during a later test that counts D's computed tokens
-        (a CI run read 392 where at most 166 were the test's own)."""
+        """Stop every process but the engines, then have D give up what it retains, so the
+        next module starts on an idle D holding nothing. A router left running probes D again
+        whenever D comes back (`idle_probe`): after one test restarted D, eight earlier
+        modules' routers timed answers there during a later test that counts D's computed
+        tokens (a CI run read 392 where at most 166 were the test's own). And what a stopped
+        router's conversations retain on D is freed when its leases lapse, tens of seconds
+        later, in the middle of a test that watches D's KV use."""
         for name in [n for n in self.pids if n not in ENGINE_ROLES]:
             processes.stop(self.pids.pop(name), timeout=30.0)
+        if "decode" in self.pids:
+            try:
+                release_retained(self.d_url, self.lease_token, RELEASE_S)
+            except OSError as exc:  # D is down: it retains nothing to interfere
+                warnings.warn(f"D did not answer its lease API: {exc}", stacklevel=2)
 
     def stop_all(self) -> None:
         for name in list(self.pids):
             processes.stop(self.pids.pop(name), timeout=30.0)
+
+
+def release_retained(d_url: str, token: str, within_s: float) -> None:
+    """Ask D to yield every retained lease until it retains no block (a lease a stopped
+    router had claimed yields once its claim lapses); warn when it still does at the end."""
+    deadline = time.monotonic() + within_s
+    while True:
+        status, body = lease_api(d_url, token)
+        left = body.get("retained", {}).get("retained_blocks", 0) if status == 200 else 0
+        if not left:
+            return
+        if time.monotonic() > deadline:
+            said = f"D retains {left} blocks {within_s:.0f} s after the routers stopped"
+            warnings.warn(said, stacklevel=2)
+            return
+        lease_api(d_url, token, "yield", {})
+        time.sleep(0.5)
 
 
 _RUNNING: list[DataPlane] = []
