@@ -28,8 +28,7 @@ import yaml
 from bench_ttft import REPO
 from production_modes import Regime
 
-from boomerang.connector.config import LEASE_PATH
-from boomerang.local import placement, processes, stack
+from boomerang.local import engine_client, placement, processes, stack
 from boomerang.local.engine_client import scrape, totals
 
 BY_SOURCE = "vllm:prompt_tokens_by_source_total"
@@ -181,34 +180,13 @@ def _wait_ready(url: str, timeout_s: float = 60.0) -> None:
     raise RuntimeError(f"router {url} not ready with P and D in {timeout_s:.0f} s")
 
 
-def lease_call(url: str, token: str, op: str = "") -> dict[str, Any]:
-    data = b"{}" if op else None
-    req = urllib.request.Request(
-        f"{url}{LEASE_PATH}{'/' + op if op else ''}",
-        data,
-        {"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=10) as resp:
-        answer: dict[str, Any] = json.loads(resp.read())
-    return answer
-
-
 def retained_blocks(es: Engines) -> float:
-    total = 0.0
-    for d in es.decode:
-        with contextlib.suppress(OSError, ValueError):
-            total += lease_call(d, es.token).get("retained", {}).get("retained_blocks", 0)
-    return total
+    return engine_client.retained_blocks(es.decode, es.token)
 
 
 def release_retained(es: Engines, timeout_s: float = 60.0) -> None:
     """Every D releases what it retains, so that the next run starts with D's KV free."""
-    for d in es.decode:
-        with contextlib.suppress(OSError, ValueError):
-            lease_call(d, es.token, "yield")
-    deadline = time.monotonic() + timeout_s
-    while retained_blocks(es) > 0 and time.monotonic() < deadline:
-        time.sleep(0.5)
+    engine_client.release_retained(es.decode, es.token, timeout_s)
 
 
 class Sampler(threading.Thread):

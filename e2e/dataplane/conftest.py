@@ -23,12 +23,11 @@ from typing import Any
 
 import pytest
 import yaml
-from dataplane.leasing import lease_api
 from kube import free_port
 
 from boomerang.connector import engine_venv as engine_venvs
 from boomerang.local import processes, stack
-from boomerang.local.engine_client import scrape
+from boomerang.local.engine_client import release_retained, scrape
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFEST = REPO / "examples" / "local-cpu.yaml"
@@ -126,31 +125,14 @@ class DataPlane:
         for name in [n for n in self.pids if n not in ENGINE_ROLES]:
             processes.stop(self.pids.pop(name), timeout=30.0)
         if "decode" in self.pids:
-            try:
-                release_retained(self.d_url, self.lease_token, RELEASE_S)
-            except OSError as exc:  # D is down: it retains nothing to interfere
-                warnings.warn(f"D did not answer its lease API: {exc}", stacklevel=2)
+            left = release_retained([self.d_url], self.lease_token, RELEASE_S)
+            if left:
+                said = f"D retains {left:.0f} blocks {RELEASE_S:.0f} s after the routers stopped"
+                warnings.warn(said, stacklevel=2)
 
     def stop_all(self) -> None:
         for name in list(self.pids):
             processes.stop(self.pids.pop(name), timeout=30.0)
-
-
-def release_retained(d_url: str, token: str, within_s: float) -> None:
-    """Ask D to yield every retained lease until it retains no block (a lease a stopped
-    router had claimed yields once its claim lapses); warn when it still does at the end."""
-    deadline = time.monotonic() + within_s
-    while True:
-        status, body = lease_api(d_url, token)
-        left = body.get("retained", {}).get("retained_blocks", 0) if status == 200 else 0
-        if not left:
-            return
-        if time.monotonic() > deadline:
-            said = f"D retains {left} blocks {within_s:.0f} s after the routers stopped"
-            warnings.warn(said, stacklevel=2)
-            return
-        lease_api(d_url, token, "yield", {})
-        time.sleep(0.5)
 
 
 _RUNNING: list[DataPlane] = []

@@ -4,18 +4,24 @@ Calibration times prefills on P and the demo reads each engine's token-source co
 talk to an engine directly, with no router in between. Prometheus pages (an engine's, the
 router's) are read with prometheus_client's own parser, here, for the demo, the benchmarks and
 the tests alike. The benchmarks' reference P/D client
-(`connector/bench/pdclient.py`) builds its turns from these same calls.
+(`connector/bench/pdclient.py`) builds its turns from these same calls. A decoder's lease API
+is read and told to yield here too, so the benchmarks and the data-plane tests start a run on
+a decoder that retains nothing, the same way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import urllib.request
+from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
+
+from boomerang.connector.config import LEASE_PATH
 
 BY_SOURCE = "vllm:prompt_tokens_by_source"
 """vLLM's counter of prompt tokens by where they came from (its samples end in `_total`)."""
@@ -87,3 +93,41 @@ def tokens_by_source(metrics_text: str) -> dict[str, float]:
     """An engine's `prompt_tokens_by_source` totals: `external_kv_transfer` (pulled from the
     other engine), `local_compute`, `local_cache_hit`."""
     return totals(metrics_text, f"{BY_SOURCE}_total", "source")
+
+
+def lease_call(url: str, token: str, op: str = "") -> dict[str, Any]:
+    """One call to an engine's lease API: its state (no `op`), or POST `op`."""
+    data = b"{}" if op else None
+    req = urllib.request.Request(
+        f"{url}{LEASE_PATH}{'/' + op if op else ''}",
+        data,
+        {"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        answer: dict[str, Any] = json.loads(resp.read())
+    return answer
+
+
+def retained_blocks(decoders: Iterable[str], token: str) -> float:
+    """The KV blocks the decoders retain for later turns, in all (one not answering: 0)."""
+    total = 0.0
+    for d in decoders:
+        with contextlib.suppress(OSError, ValueError):
+            total += lease_call(d, token).get("retained", {}).get("retained_blocks", 0)
+    return total
+
+
+def release_retained(decoders: Iterable[str], token: str, timeout_s: float = 60.0) -> float:
+    """Tell every decoder to yield what it retains, again each half second (a lease a router
+    had claimed yields once its claim lapses), until none retains a block or `timeout_s`
+    passed; what they still retain then."""
+    decoders = list(decoders)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for d in decoders:
+            with contextlib.suppress(OSError, ValueError):
+                lease_call(d, token, "yield")
+        left = retained_blocks(decoders, token)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
