@@ -70,6 +70,7 @@ from production_modes import REGIMES, Workload, generator_config
 
 from boomerang.connector.model import corpus, model_dir
 from boomerang.local import engine_client, processes, stack
+from boomerang.router.health import block_size_from_metrics, kv_blocks_from_metrics
 
 FAULTS = (
     "kill-d",
@@ -349,11 +350,10 @@ def fill_decoder(d_url: str, model: str) -> None:
     of random ids no longer than half D's context, each streaming a long answer, until D's KV
     is `FULL` used (at most `FILL_WAIT_S`); `FILL_S` more, then every connection dropped
     (vLLM aborts a request whose client went away)."""
-    page = engine_client.scrape(d_url)
-    info = engine_client.samples(page, "vllm:cache_config_info")
-    if not info:
+    page = engine_client.scrape(d_url).encode()
+    kv_tokens = kv_blocks_from_metrics(page) * block_size_from_metrics(page)
+    if not kv_tokens:
         sys.exit(f"{d_url} does not say its KV size (vllm:cache_config_info)")
-    kv_tokens = int(info[0].labels["num_gpu_blocks"]) * int(info[0].labels["block_size"])
     context = int(pdclient.get_json(f"{d_url}/v1/models")["data"][0]["max_model_len"])
     length = min(context // 2, kv_tokens)
     rng = random.Random(int(FILL_S))
