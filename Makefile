@@ -82,7 +82,7 @@ lint: dev
 # mypy finds `boomerang.*` under each part's src/ and the simulator `boomsim` under router/sim
 # (pyproject's mypy_path).
 types: dev
-	$(VENV)/bin/mypy -p boomerang.operator -p boomerang.router -p boomerang.connector -p boomerang.local -p boomsim
+	$(VENV)/bin/mypy -p boomerang.operator -p boomerang.router -p boomerang.connector -p boomerang.local -p boomerang.facts -p boomsim
 
 unit: dev
 	$(PY) -m pytest -m 'not cluster and not engine and not node and not wheels' $(PYTEST_ARGS)

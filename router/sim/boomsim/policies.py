@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from boomerang.connector.config import default_handle_ttl
+from boomerang.facts import DECODER_BLOCKS_TTL_S, RECOMPUTE_THRESHOLD_TOKENS, default_handle_ttl
 from boomerang.router.config import RouterConfig, Tuning
 from boomerang.router.costmodel import Bounds, Coefficients, CostModel, Path
 from boomerang.router.plan import Facts, Plan, adaptive_plan, static_plan
@@ -86,13 +86,13 @@ class Settings:
     """What a run's router and engines are configured with."""
 
     policy: str
-    recompute_threshold: int = 64
+    recompute_threshold: int = RECOMPUTE_THRESHOLD_TOKENS
     """P's kv_recompute_threshold (the router's floor)."""
     decode_first_threshold: int = 256
     """decode-first: run on D alone below this many uncached tokens (`decode_first_tokens`)."""
     decode_slack: int = RouterConfig.model_fields["decode_affinity_slack"].default
     """The router's `decode_affinity_slack` (in-flight requests), its default."""
-    decoder_ttl_s: float = 480.0
+    decoder_ttl_s: float = float(DECODER_BLOCKS_TTL_S)
     itl_budget_s: float | None = None
     """None: the router's default (`Tuning().itl_budget_s`: derived from the holder's stream
     time, which the simulator's facts do not carry, so its 50 ms fallback)."""

@@ -33,6 +33,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from boomerang import facts
+
 Role = Literal["prefill", "decode"]
 Backend = Literal["UCX", "LIBFABRIC"]
 LoadFailurePolicy = Literal["recompute", "fail"]
@@ -43,19 +45,6 @@ HTTP_PORT = 8000
 SIDE_CHANNEL_PORTS: Mapping[Role, int] = {"prefill": 5600, "decode": 5700}
 """NIXL's ZMQ side-channel port per role: distinct, so P and D can share a host (local runtime)."""
 KV_ROLES: Mapping[Role, str] = {"prefill": "kv_producer", "decode": "kv_consumer"}
-P_DECLINE_WINDOW_S = 5.0
-"""vLLM's prefill declines a D->P read within this many seconds of D's block deadline."""
-
-
-def default_handle_ttl(decoder_ttl_s: float) -> float:
-    """How long a router may offer D's blocks: the decoder TTL minus P's decline window minus a
-    margin (10 %, at least 5 s).
-
-    The margin covers the time between D finishing (when its TTL starts) and the router storing
-    the handle, plus clock drift between router replicas sharing Redis. The operator's status
-    and the router's own default both read it from here.
-    """
-    return decoder_ttl_s - P_DECLINE_WINDOW_S - max(5.0, 0.1 * decoder_ttl_s)
 
 
 KV_EVENTS_PORT_OFFSET = 1000
@@ -151,9 +140,9 @@ class KVTransferSettings:
     """The kv-transfer knobs of one deployment; defaults are vLLM's own, except the policy."""
 
     bidirectional: bool = True
-    recompute_threshold: int = 64
-    decoder_blocks_ttl_s: int = 480
-    lease_duration_s: int = 30
+    recompute_threshold: int = facts.RECOMPUTE_THRESHOLD_TOKENS
+    decoder_blocks_ttl_s: int = facts.DECODER_BLOCKS_TTL_S
+    lease_duration_s: int = facts.LEASE_DURATION_S
     backend: Backend = "UCX"
     load_failure_policy: LoadFailurePolicy = "recompute"
     buffer_device: Literal["cuda", "cpu"] = "cuda"

@@ -38,12 +38,13 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMappi
 from typing import Any
 
 from boomerang.connector.vllm_points import LEASE_WORKER, REAP, SUPPORTED_VLLM
+from boomerang.facts import DECODER_BLOCKS_TTL_S
 
 MAX_REQUEST_IDS = 4096
 MAX_BODY_BYTES = 1 << 20
 RPC_TIMEOUT_S = 10.0
-DEFAULT_CEILING_S = 480.0
-"""vLLM's default `decoder_kv_blocks_ttl`."""
+DEFAULT_CEILING_S = float(DECODER_BLOCKS_TTL_S)
+"""vLLM's default `decoder_kv_blocks_ttl`, the ceiling when the engine's config names none."""
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

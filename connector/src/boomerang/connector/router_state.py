@@ -14,8 +14,7 @@ PATH: Final = "/boomerang/v1/state"
 """Where a router serves it (no API key: it holds no conversation data)."""
 
 MODE: Final = "mode"
-"""`static` or `adaptive`: the tuning mode in force."""
-MODES: Final = ("static", "adaptive")
+"""The tuning mode in force, one of `boomerang.facts.MODES`."""
 PATH_COUNTS: Final = "paths"
 """Turns served per path since the router started: a mapping from each of `PATHS`."""
 PATHS: Final = ("pull", "recompute", "continue")

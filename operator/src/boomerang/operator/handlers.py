@@ -28,6 +28,7 @@ from typing import Any
 
 import kopf
 
+from boomerang import facts
 from boomerang.operator import api, metrics, reconcile, render, routerstate, scaler_api, scaling
 from boomerang.operator.children import CHILD_KINDS
 from boomerang.operator.kube import Kube
@@ -98,7 +99,8 @@ def on_resource_event(event: kopf.RawEvent, **_: Any) -> None:
 
 def _adaptive(spec: kopf.Spec, **_: Any) -> bool:
     tuning = (spec.get("kvTransfer") or {}).get("tuning") or {}
-    return bool(tuning.get("mode", api.TuningSpec.model_fields["mode"].default) == "Adaptive")
+    mode = tuning.get("mode", api.TuningSpec.model_fields["mode"].default)
+    return bool(mode == facts.spec_mode("adaptive"))
 
 
 @kopf.timer(

@@ -82,8 +82,8 @@ def kv_settings(dd: DisaggregatedDeployment, role: Role) -> KVTransferSettings:
     return KVTransferSettings(
         bidirectional=kv.bidirectional,
         recompute_threshold=kv.recompute_threshold,
-        decoder_blocks_ttl_s=round(parse_duration(kv.decoder_blocks_ttl)),
-        lease_duration_s=round(parse_duration(kv.lease_duration)),
+        decoder_blocks_ttl_s=kv.decoder_blocks_ttl_s,
+        lease_duration_s=kv.lease_duration_s,
         backend=dd.spec.backend,
         load_failure_policy=kv.load_failure_policy,
         buffer_device="cuda" if gpus > 0 else "cpu",
@@ -188,7 +188,7 @@ def router_config(
         "decode": decode or discovered("decode"),
         "bidirectional": dd.spec.kv_transfer.bidirectional,
         "prefill_prefix_caching": role_spec(dd, "prefill").prefix_caching,
-        "decoder_blocks_ttl_s": parse_duration(dd.spec.kv_transfer.decoder_blocks_ttl),
+        "decoder_blocks_ttl_s": float(dd.spec.kv_transfer.decoder_blocks_ttl_s),
         "recompute_threshold": dd.spec.kv_transfer.recompute_threshold,
         "handle_ttl_s": dd.spec.router_ttl_seconds,
         "store": {"kind": store.type, "url": store.url or _secret_placeholder(store.type)},
@@ -220,7 +220,7 @@ def router_tuning(dd: DisaggregatedDeployment) -> dict[str, Any]:
     tuning = dd.spec.kv_transfer.tuning
     cont, retention = tuning.continue_on_decode, tuning.retention
     section = {
-        "mode": tuning.mode.lower(),
+        "mode": tuning.router_mode,
         "break_even_min_tokens": tuning.break_even.min_tokens,
         "break_even_max_tokens": tuning.break_even.max_tokens,
         "continue_on_decode": cont.enabled,

@@ -40,7 +40,6 @@ from boomerang.operator.api import (
     EffectiveKVTransfer,
     RoleStatus,
     RouterStatus,
-    parse_duration,
 )
 from boomerang.operator.pods import PRIORITY, Finding
 
@@ -350,8 +349,8 @@ def _effective_kv(
         mode=kv.tuning.mode,
         bidirectional=kv.bidirectional,
         recompute_threshold=kv.recompute_threshold,
-        decoder_blocks_ttl_seconds=round(parse_duration(kv.decoder_blocks_ttl)),
-        lease_duration_seconds=round(parse_duration(kv.lease_duration)),
+        decoder_blocks_ttl_seconds=kv.decoder_blocks_ttl_s,
+        lease_duration_seconds=kv.lease_duration_s,
         router_conversation_ttl_seconds=round(dd.spec.router_ttl_seconds),
         backend=dd.spec.backend,
         load_failure_policy=kv.load_failure_policy,

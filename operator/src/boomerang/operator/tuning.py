@@ -38,7 +38,7 @@ _COUNTS = {
 
 
 def adaptive(dd: DisaggregatedDeployment) -> bool:
-    return dd.spec.kv_transfer.tuning.mode == "Adaptive"
+    return dd.spec.kv_transfer.tuning.router_mode == "adaptive"
 
 
 def _number(value: Any) -> float | None:

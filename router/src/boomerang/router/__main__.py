@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
+from boomerang import facts
 from boomerang.router.config import RouterConfig
 
 
@@ -36,7 +37,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-inflight", type=int, help="requests served at once; 0: unlimited")
     p.add_argument("--no-bidirectional", action="store_true", help="never attach D's params to P")
     p.add_argument("--no-partial-reuse", action="store_true", help="full hits only, no partial")
-    p.add_argument("--tuning-mode", choices=("static", "adaptive"), help="the path choice")
+    p.add_argument("--tuning-mode", choices=facts.MODES, help="the path choice")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING, ...")
     return p.parse_args(argv)
 

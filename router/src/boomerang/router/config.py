@@ -20,12 +20,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from boomerang.connector.config import (
-    KV_EVENTS_PORT_OFFSET,
-    KV_REPLAY_PORT_OFFSET,
-    P_DECLINE_WINDOW_S,
-    default_handle_ttl,
-)
+from boomerang import facts
+from boomerang.connector.config import KV_EVENTS_PORT_OFFSET, KV_REPLAY_PORT_OFFSET
+from boomerang.facts import P_DECLINE_WINDOW_S, default_handle_ttl
 
 DEFAULT_SESSION_HEADERS = (
     "x-claude-code-session-id",
@@ -146,8 +143,8 @@ class Tuning(_Model):
     updated in place, so a change takes effect within `tuning_poll_s`, with no restart.
     """
 
-    mode: Literal["static", "adaptive"] = Field(
-        default="adaptive",
+    mode: facts.Mode = Field(
+        default=facts.DEFAULT_MODE,
         description="adaptive: each turn takes its cheapest path (pull, recompute or continue "
         "on the decoder that holds the history) by a cost model learned online, and D keeps a "
         "conversation's blocks for a learned share of the gaps between turns; static: pull "
@@ -290,10 +287,12 @@ class RouterConfig(_Model):
         "nothing of a conversation after its turn, so P's cache never stands in for D's blocks.",
     )
     decoder_blocks_ttl_s: float = Field(
-        default=480.0, gt=0, description="D's decoder_kv_blocks_ttl (how long D pins blocks)."
+        default=float(facts.DECODER_BLOCKS_TTL_S),
+        gt=0,
+        description="D's decoder_kv_blocks_ttl (how long D pins blocks).",
     )
     recompute_threshold: int = Field(
-        default=64,
+        default=facts.RECOMPUTE_THRESHOLD_TOKENS,
         ge=0,
         description="P's kv_recompute_threshold: a partial reuse (the whole blocks of D that "
         "the new prompt shares) of fewer tokens than this is not offered; P computes instead.",

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from boomerang.connector import router_state as state
-from boomerang.connector.config import default_handle_ttl
+from boomerang.facts import default_handle_ttl
 from boomerang.router import hints, params_codec
 from boomerang.router.config import RouterConfig
 from boomerang.router.conversation import Handle

@@ -31,11 +31,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Final
 
+from boomerang import facts
 from boomerang.router.costmodel import Bounds, Choice, CostModel, Path, Shape
 
-Mode = Literal["static", "adaptive"]
+Mode = facts.Mode
 AFTER_CONTINUE: Final = (Path.PULL, Path.RECOMPUTE)
 """What a failed continue falls back to, in order (pull only if still allowed)."""
 

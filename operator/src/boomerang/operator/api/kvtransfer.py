@@ -11,7 +11,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from boomerang.operator.api.durations import Duration
+from boomerang import facts
+from boomerang.operator.api.durations import Duration, parse_duration
 from boomerang.operator.api.fields import Model
 
 
@@ -113,8 +114,8 @@ class TuningSpec(Model):
     """How each turn picks its path (pull, recompute, continue on D) and how long D retains
     blocks. The router reloads this while running: a change here restarts no pod."""
 
-    mode: Literal["Static", "Adaptive"] = Field(
-        "Adaptive",
+    mode: facts.SpecMode = Field(
+        facts.spec_mode(facts.DEFAULT_MODE),
         description="Adaptive: the router learns the costs and the gaps between turns from its "
         "own observations and decides per turn (pull, recompute, or continue on the decoder "
         "that holds the history). Static: pull what P's own cache lacks when it reaches "
@@ -144,6 +145,11 @@ class TuningSpec(Model):
         le=100,
     )
 
+    @property
+    def router_mode(self) -> facts.Mode:
+        """The mode as the router's config and state document spell it."""
+        return facts.router_mode(self.mode)
+
 
 class KVTransferSpec(Model):
     """Bidirectional KV transfer: D keeps a turn's blocks so P can pull them next turn."""
@@ -155,15 +161,18 @@ class KVTransferSpec(Model):
     )
     bidirectional: bool = Field(True, description="Let P pull D's blocks back (D->P READ).")
     recompute_threshold: int = Field(
-        64, description="P recomputes when fewer tokens than this are reusable.", ge=0
+        facts.RECOMPUTE_THRESHOLD_TOKENS,
+        description="P recomputes when fewer tokens than this are reusable.",
+        ge=0,
     )
     decoder_blocks_ttl: Duration = Field(
-        "480s",
+        facts.seconds(facts.DECODER_BLOCKS_TTL_S),
         alias="decoderBlocksTTL",
         description="How long D pins a finished request's blocks for the next turn.",
     )
     lease_duration: Duration = Field(
-        "30s", description="P's heartbeat-renewed lease on blocks D will pull."
+        facts.seconds(facts.LEASE_DURATION_S),
+        description="P's heartbeat-renewed lease on blocks D will pull.",
     )
     backend: Literal["UCX", "LIBFABRIC"] | None = Field(
         None, description="NIXL backend; default LIBFABRIC when EFA is requested, else UCX."
@@ -176,3 +185,14 @@ class KVTransferSpec(Model):
         description="Per-turn path choice and learned retention (Static or Adaptive); "
         "reloaded by the router while running, so a change restarts no pod.",
     )
+
+    @property
+    def decoder_blocks_ttl_s(self) -> int:
+        """`decoderBlocksTTL` in whole seconds, as D's engine takes it; the router, the status
+        and the handle lifetimes read this same number, so none can outlive D's blocks."""
+        return round(parse_duration(self.decoder_blocks_ttl))
+
+    @property
+    def lease_duration_s(self) -> int:
+        """`leaseDuration` in whole seconds, as P's engine takes it."""
+        return round(parse_duration(self.lease_duration))

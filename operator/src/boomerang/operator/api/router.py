@@ -10,9 +10,12 @@ from typing import Literal
 
 from pydantic import Field
 
+from boomerang import facts
 from boomerang.operator.api.durations import Duration
 from boomerang.operator.api.fields import FreeFormList, Model, PodTemplate, Quantity
 from boomerang.operator.api.names import DEFAULT_ROUTER_IMAGE, INT32_MAX
+
+_DECLINE = facts.seconds(facts.P_DECLINE_WINDOW_S)
 
 
 class SecretKeyRef(Model):
@@ -96,9 +99,10 @@ class RouterSpec(Model):
         None,
         alias="conversationTTL",
         description=(
-            "How long the router offers a conversation's blocks; must stay more than 5s below "
-            "kvTransfer.decoderBlocksTTL (P declines reads within 5s of D's deadline). Default: "
-            "decoderBlocksTTL minus 5s minus a margin of max(5s, 10%)."
+            f"How long the router offers a conversation's blocks; must stay more than {_DECLINE} "
+            f"below kvTransfer.decoderBlocksTTL (P declines reads within {_DECLINE} of D's "
+            f"deadline). Default: decoderBlocksTTL minus {_DECLINE} minus a margin of max(5s, "
+            "10%)."
         ),
     )
     service: RouterServiceSpec = Field(

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from boomerang import facts
 from boomerang.connector.config import (
     MODEL_SOURCE_RE,
     MODEL_SOURCE_SHAPES,
@@ -41,7 +42,8 @@ def _router_ttl_ok(s: SpecFields) -> bool:
     if s.router.conversation_ttl is None:
         return True
     ttl = duration_ns(s.router.conversation_ttl)
-    return ttl + 5 * NS_PER_S < duration_ns(s.kv_transfer.decoder_blocks_ttl)
+    window = facts.P_DECLINE_WINDOW_S * NS_PER_S
+    return ttl + window < duration_ns(s.kv_transfer.decoder_blocks_ttl)
 
 
 INTERNAL_LB_ANNOTATIONS = (
@@ -74,6 +76,8 @@ def _duration(path: str) -> str:
 
 
 _TUNING = "kvTransfer.tuning"
+_DECLINE = facts.seconds(facts.P_DECLINE_WINDOW_S)
+"""P's decline window, which a conversation's handle must keep clear of D's deadline."""
 _TTL = "kvTransfer.decoderBlocksTTL"
 _MIN = f"{_TUNING}.retention.minimum"
 _ROUTER_TTL = "self.router.conversationTTL"
@@ -183,8 +187,8 @@ RULES: tuple[Rule[SpecFields], ...] = (
     ),
     Rule(
         cel=f"!({_ROUTER_TTL_SET} && {_well_formed(_TTL)}) || "
-        f"duration({_ROUTER_TTL}) + duration('5s') < {_duration(_TTL)}",
-        message="spec.router.conversationTTL must be more than 5s below "
+        f"duration({_ROUTER_TTL}) + duration('{_DECLINE}') < {_duration(_TTL)}",
+        message=f"spec.router.conversationTTL must be more than {_DECLINE} below "
         "spec.kvTransfer.decoderBlocksTTL",
         field_path=".router.conversationTTL",
         check=_router_ttl_ok,

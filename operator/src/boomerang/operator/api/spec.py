@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from boomerang.connector.config import default_handle_ttl
+from boomerang.facts import default_handle_ttl
 from boomerang.operator.api.durations import parse_duration
 from boomerang.operator.api.fields import Model
 from boomerang.operator.api.kvtransfer import KVTransferSpec
@@ -56,4 +56,4 @@ class SpecFields(Model):
     def router_ttl_seconds(self) -> float:
         if self.router.conversation_ttl is not None:
             return parse_duration(self.router.conversation_ttl)
-        return float(default_handle_ttl(parse_duration(self.kv_transfer.decoder_blocks_ttl)))
+        return float(default_handle_ttl(self.kv_transfer.decoder_blocks_ttl_s))
