@@ -28,7 +28,7 @@ from boomerang.router.endpoints import Endpoint, LeastWorkAffinity
 from boomerang.router.plan import Facts, forgoes_handle
 from boomsim.engine import Engine
 from boomsim.kvcache import BlockPool, CpuTier
-from boomsim.legs import Turn
+from boomsim.legs import Handle, Turn
 from boomsim.loop import Loop
 from boomsim.metrics import Metrics
 from boomsim.policies import Path, Planner, Settings
@@ -44,16 +44,6 @@ class Topology:
     d_blocks: int | None = None
     p_caching: bool = True
     """P's prefix cache (the published setup turns it off)."""
-
-
-@dataclass(slots=True)
-class Handle:
-    """D's params as the router keeps them: which D, which lease, how many tokens."""
-
-    decode: Engine
-    lease: str
-    tokens: int
-    expires: float
 
 
 class Cluster:

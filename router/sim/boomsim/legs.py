@@ -7,13 +7,43 @@ new handle filed and the conversation's placement kept. See `cluster.py` for the
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Protocol
 
 from boomsim.engine import Engine, Req
-from boomsim.policies import Path
+from boomsim.loop import Loop
+from boomsim.metrics import Metrics
+from boomsim.policies import Path, Planner, Settings
+from boomsim.profiles import Profile
+from boomsim.slo import Slo
 
-if TYPE_CHECKING:
-    from boomsim.cluster import Cluster, Handle
+
+@dataclass(slots=True)
+class Handle:
+    """D's params as the router keeps them: which D, which lease, how many tokens."""
+
+    decode: Engine
+    lease: str
+    tokens: int
+    expires: float
+
+
+class Router(Protocol):
+    """What a turn's legs read and file in the cluster's router (`cluster.Cluster`): named
+    here so that the legs need not import the cluster, which imports them."""
+
+    loop: Loop
+    p: Profile
+    s: Settings
+    planner: Planner
+    metrics: Metrics
+    slo: Slo
+    handles: dict[int, Handle]
+    last_answer: dict[int, float]
+
+    def track(self, e: Engine, work: float, sign: int) -> None: ...
+
+    def placed(self, conv: int, p: Engine | None, d: Engine, prompt: int) -> None: ...
 
 
 def _blocks(tokens: int, size: int) -> int:
@@ -42,7 +72,7 @@ class Turn:
 
     def __init__(
         self,
-        c: Cluster,
+        c: Router,
         conv: int,
         index: int,
         prompt: int,
@@ -144,8 +174,6 @@ class Turn:
         assert d is not None
         c.track(d, self.work, -1)
         if c.s.bidirectional:
-            from boomsim.cluster import Handle
-
             lease = d.retain(req, now + c.planner.lease_s(now))
             tokens = self.prompt + self.answer - 1
             c.handles[self.conv] = Handle(d, lease, tokens, now + c.s.handle_ttl_s)

@@ -17,10 +17,19 @@ from collections.abc import Callable
 from typing import Any
 
 from boomsim.cluster import Topology
-from boomsim.policies import BIDIRECTIONAL, Settings
+from boomsim.policies import Settings
 from boomsim.profiles import Profile, h200_qwen3_32b
 from boomsim.run import Load, run
-from boomsim.sweep import FIGURES, SESSION_WINDOW_S, Sizes, banded, cell, per_s
+from boomsim.sweep import (
+    FIGURES,
+    HIGHER,
+    SESSION_WINDOW_S,
+    Sizes,
+    banded,
+    best_baselines,
+    cell,
+    per_s,
+)
 from boomsim.workload import AGENTIC, stream
 
 DEFAULT = "adaptive"
@@ -119,12 +128,6 @@ def verdict(default: dict[str, Any], peer: dict[str, Any], figure: str, higher: 
     return "inside the band"
 
 
-def best_peer(rows: list[dict[str, Any]], figure: str, higher: bool) -> dict[str, Any]:
-    peers = [r for r in rows if r["policy"] not in BIDIRECTIONAL]
-    ranked = sorted(peers, key=lambda r: float(r[figure]))
-    return ranked[-1] if higher else ranked[0]
-
-
 def markdown(rows: list[dict[str, Any]]) -> str:
     """Per case and variant: the default's goodput and follow-up median against the best
     peer's at each, their ratio, and the verdict from the bands."""
@@ -134,18 +137,19 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         "follow-up p50: default | best peer | ratio | verdict |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    best = best_baselines(rows, "case")
     for case in dict.fromkeys(r["case"] for r in rows):
-        group = [r for r in rows if r["case"] == case]
-        mine = next(r for r in group if r["policy"] == DEFAULT)
+        group = {r["policy"]: r for r in rows if r["case"] == case}
+        mine = group[DEFAULT]
         cells = [case]
-        for figure, higher, fmt in (("goodput", True, per_s), ("follow_p50", False, None)):
-            peer = best_peer(group, figure, higher)
+        for figure, fmt in (("goodput", per_s), ("follow_p50", None)):
+            peer = group[best[case][figure]]
             ratio = mine[figure] / peer[figure] if peer[figure] else float("nan")
             cells += [
                 cell(mine, figure, fmt),
                 f"{peer['policy']} {cell(peer, figure, fmt)}",
                 f"{ratio:.2f}x",
-                verdict(mine, peer, figure, higher),
+                verdict(mine, peer, figure, figure in HIGHER),
             ]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append(
