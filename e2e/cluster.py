@@ -33,7 +33,16 @@ from typing import TYPE_CHECKING, Any
 
 import front_proxy
 from audit import AuditLog, write_policy
-from kube import fake_gpu_node, free_port, make_pki, port_free, wait_until, write_kubeconfig
+from kube import (
+    SERVICE_CIDR,
+    fake_gpu_node,
+    free_port,
+    make_pki,
+    port_free,
+    wait_until,
+    write_kubeconfig,
+)
+from procs import Proc
 
 if TYPE_CHECKING:
     from realnode import RealNode
@@ -49,7 +58,6 @@ BINARIES = (
     "helm",
     "kwok-stages.yaml",  # kwok's own default Stages, written by build.sh
 )
-SERVICE_CIDR = "10.96.0.0/16"
 # kwok plays the kubelet only for nodes carrying this annotation (`kube.fake_gpu_node` sets it),
 # so that a real node's kubelet (`realnode.py`) is never contested.
 KWOK_NODE_SELECTOR = "kwok.x-k8s.io/node=fake"
@@ -68,49 +76,6 @@ def missing_binaries(directory: Path | None = None) -> list[str]:
     directory = directory or bin_dir()
     return [name for name in BINARIES if not os.access(directory / name, os.R_OK)]
 
-
-def stop_process(popen: subprocess.Popen[bytes] | None, sig: int, grace: float) -> None:
-    """Send `sig`, wait up to `grace` seconds, then SIGKILL; a finished process is left alone."""
-    if popen is None or popen.poll() is not None:
-        return
-    popen.send_signal(sig)
-    try:
-        popen.wait(grace)
-    except subprocess.TimeoutExpired:
-        popen.kill()
-        popen.wait()
-
-
-@dataclass
-class _Proc:
-    name: str
-    argv: list[str]
-    log: Path
-    popen: subprocess.Popen[bytes] | None = None
-
-    def start(self, env: dict[str, str] | None = None) -> None:
-        with self.log.open("ab") as out:
-            self.popen = subprocess.Popen(
-                self.argv,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,  # Ctrl-C in a terminal reaches only us; we stop them
-                env=env,
-            )
-
-    def alive(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-    def terminate(self) -> None:
-        if self.popen is not None and self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-
-    def stop(self, grace: float = 10.0) -> None:
-        """SIGTERM, then SIGKILL after `grace` (the apiserver can linger after it stops serving)."""
-        stop_process(self.popen, signal.SIGTERM, grace)
-        self.popen = None
-
     def tail(self, lines: int = 30) -> str:
         try:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
@@ -128,7 +93,7 @@ class Cluster:
     token: str = field(default_factory=lambda: secrets.token_hex(16))  # the admin's bearer token
     port: int = 0
     etcd_port: int = 0
-    procs: dict[str, _Proc] = field(default_factory=dict)
+    procs: dict[str, Proc] = field(default_factory=dict)
     real_node: bool = False  # also run one real node (containerd + kubelet + kube-proxy)
     node: RealNode | None = None
 
@@ -227,15 +192,15 @@ class Cluster:
         self._start_apiserver()
 
     # Components ------------------------------------------------------------------------------
-    def _spawn(self, name: str, args: Sequence[str]) -> _Proc:
+    def _spawn(self, name: str, args: Sequence[str]) -> Proc:
         logs = self.workdir / "logs"
         logs.mkdir(exist_ok=True)
-        proc = _Proc(name, [str(self.binaries / name), *args], logs / f"{name}.log")
+        proc = Proc(name, [str(self.binaries / name), *args], logs / f"{name}.log")
         proc.start()
         self.procs[name] = proc
         return proc
 
-    def _check_alive(self, proc: _Proc) -> None:
+    def _check_alive(self, proc: Proc) -> None:
         if not proc.alive():
             raise RuntimeError(f"{proc.name} exited; last log lines:\n{proc.tail()}")
 

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+SERVICE_CIDR = "10.96.0.0/16"
+"""The control plane's Service range, which the real node's bridge routes too."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:

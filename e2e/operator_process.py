@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cluster import stop_process
+from procs import stop_process
 
 
 @dataclass

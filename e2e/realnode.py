@@ -27,16 +27,29 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import node_config
 import node_host
 import node_images
-from cluster import SERVICE_CIDR, _Proc
-from kube import free_port, is_true, wait_until, write_kubeconfig
+from kube import SERVICE_CIDR, free_port, is_true, wait_until, write_kubeconfig
+from procs import Proc
 
-if TYPE_CHECKING:
-    from cluster import Cluster
+
+class Cluster(Protocol):
+    """What the node reads of the control plane that starts it (`cluster.Cluster`), named
+    here so that this module need not import the cluster, which imports it."""
+
+    @property
+    def server(self) -> str: ...
+
+    @property
+    def ca_file(self) -> Path: ...
+
+    def kubectl(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]: ...
+
+    def get_json(self, *args: str, kubeconfig: Path | None = None) -> dict[str, Any]: ...
+
 
 NODE_NAME = "boomerang-real-node"
 LABEL = "boomerang.dev/real-node"
@@ -75,7 +88,7 @@ class RealNode:
     proxy_token: str = field(default_factory=lambda: secrets.token_hex(16))
     state: node_host.HostState | None = None
     images: node_images.NodeImages | None = None
-    procs: dict[str, _Proc] = field(default_factory=dict)
+    procs: dict[str, Proc] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)  # s from prepare()/start() to steps
     kubelet_port: int = 0
     healthz_port: int = 0
@@ -282,10 +295,10 @@ class RealNode:
         (self.workdir / "kube-proxy.json").write_text(json.dumps(proxy, indent=1))
 
     # Daemons ---------------------------------------------------------------------------------
-    def _spawn(self, name: str, argv: list[str]) -> _Proc:
+    def _spawn(self, name: str, argv: list[str]) -> Proc:
         assert self.state is not None
         self.logs.mkdir(parents=True, exist_ok=True)
-        proc = _Proc(name, argv, self.logs / f"{name}.log")
+        proc = Proc(name, argv, self.logs / f"{name}.log")
         proc.start()
         self.procs[name] = proc
         assert proc.popen is not None

@@ -25,10 +25,11 @@ from typing import Any
 
 import pytest
 import yaml
-from cluster import Cluster, stop_process
+from cluster import Cluster
 from kube import free_port, wait_until
 from monitoring_testing import promtool
 from operator_process import OperatorProcess
+from procs import stop_process
 from suite import CEL_ERRORS, apply, example, get_dd, patched, wait_ready
 
 pytestmark = pytest.mark.cluster

@@ -25,8 +25,8 @@ from typing import Any
 import node_host
 import node_images
 import pytest
-from cluster import K8S_VERSION, SERVICE_CIDR, Cluster, bin_dir, missing_binaries
-from kube import condition, is_true, wait_until
+from cluster import K8S_VERSION, Cluster, bin_dir, missing_binaries
+from kube import SERVICE_CIDR, condition, is_true, wait_until
 from realnode import INSTALL_HINT, LABEL, NODE_NAME, RealNode, busybox_pod, missing_prerequisites
 
 # `cluster` too: whatever leaves out the control-plane tests (`make unit`) leaves these out.
