@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import production_report as report
 import production_slo as slo
+from production_pooled import lost_total, median_of
 
 FIGURES = (
     "first-turn TTFT p50",
@@ -49,7 +49,7 @@ def noise(modes: Mapping[str, Mapping[str, Any]], mode: str, twin: str) -> dict[
     configuration measures twice in one sitting."""
     out = {}
     for figure in ("SLO goodput", *FIGURES):
-        a, b = report.median_of(modes.get(mode), figure), report.median_of(modes.get(twin), figure)
+        a, b = median_of(modes.get(mode), figure), median_of(modes.get(twin), figure)
         if a and b:
             out[figure] = abs(b / a - 1)
     return out
@@ -59,7 +59,7 @@ def best(
     modes: Mapping[str, Mapping[str, Any]], peers: Sequence[str], figure: str
 ) -> tuple[str, float] | None:
     """The peer with the best median of `figure` (highest goodput, lowest otherwise)."""
-    found = [(v, p) for p in peers if (v := report.median_of(modes.get(p), figure)) is not None]
+    found = [(v, p) for p in peers if (v := median_of(modes.get(p), figure)) is not None]
     if not found:
         return None
     value, name = max(found) if figure == "SLO goodput" else min(found)
@@ -70,7 +70,7 @@ def cell(regime: str, modes: Mapping[str, Any], mode: str, peers: Sequence[str],
          figure: str, band: Mapping[str, float]) -> str:  # fmt: skip
     """`mode` against the best peer on one figure: ratio, the peer, 'tie' inside the noise
     band, bold where the target is missed."""
-    mine, top = report.median_of(modes.get(mode), figure), best(modes, peers, figure)
+    mine, top = median_of(modes.get(mode), figure), best(modes, peers, figure)
     if mine is None or top is None or not top[1]:
         return "-"
     ratio = mine / top[1]
@@ -99,7 +99,7 @@ def headline(
         band = noise(modes, mode, twin)
         cells = [cell(regime, modes, mode, peers, f, band) for f in cols]
         own = modes[mode]
-        lost = report.lost_total(own)
+        lost = lost_total(own)
         cells.append("-" if lost is None else (f"**{lost}**" if lost else "0") +
                      f" in {own['runs']} runs")  # fmt: skip
         rows.append(f"| {regime} | " + " | ".join(cells) + " |")

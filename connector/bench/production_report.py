@@ -24,7 +24,9 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+import production_equal as equal
 import production_slo as slo
+from production_pooled import lost_total, median_of
 
 PERCENTILES = (50, 90, 99)
 FIGURES: dict[str, tuple[str, ...]] = {
@@ -153,13 +155,6 @@ def pooled(
 
 def _range(values: Sequence[float]) -> dict[str, float] | None:
     return {"min": min(values), "median": median(values), "max": max(values)} if values else None
-
-
-def lost_total(pooled_mode: Mapping[str, Any]) -> int | None:
-    """A mode's lost turns over all its runs: a total, never a median (one run that lost a
-    conversation is a loss, however many did not); None for results pooled before totals."""
-    total = pooled_mode.get("lost_total")
-    return int(total) if total is not None else None
 
 
 def exclude(res: dict[str, Any], serials: set[int], why: str) -> None:
@@ -408,8 +403,6 @@ def sitting_block(res: Mapping[str, Any]) -> str:
 def equal_blocks(res: Mapping[str, Any]) -> list[str]:
     """The equal-engine comparison (`production_equal.py`): its headline and each regime's
     goodput table, where the sitting ran the peers' policies (else nothing)."""
-    import production_equal as equal
-
     peers, twin, mode = list(res.get("peers") or ()), res.get("twin", ""), res["default_mode"]
     ran = equal_regimes(res)
     top = equal.headline(ran, mode, peers, twin)
@@ -464,15 +457,6 @@ def engine_fix(res: Mapping[str, Any], figure: str) -> tuple[float, float] | Non
     return (min(found), max(found)) if found else None
 
 
-def median_of(m: Mapping[str, Any] | None, figure: str) -> float | None:
-    """A pooled mode's median of `figure` (a `FIGURES` name, or "SLO goodput"); None when
-    the mode or the figure is missing."""
-    if m is None:
-        return None
-    f = m.get("goodput") if figure == "SLO goodput" else m["figures"].get(figure)
-    return f["median"] if f else None
-
-
 def equal_regimes(res: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     """The regimes an equal-engine sitting ran (`--equal`: its A/A twin beside the default),
     not the older sittings that ran some of the same quiet policies on earlier routers, nor
@@ -512,8 +496,6 @@ def _follow_up(record: Mapping[str, Any]) -> bool:
 def equal_readme_block(res: Mapping[str, Any]) -> str | None:
     """The README's headline once a sitting ran the peers on equal engines: that comparison
     first, the stock one as one line of what the engine fix alone gives (None: no peers ran)."""
-    import production_equal as equal
-
     peers, mode = list(res.get("peers") or ()), res["default_mode"]
     table_ = equal.headline(equal_regimes(res), mode, peers, res.get("twin", ""))
     if table_ is None:
