@@ -7,38 +7,18 @@ reads D the same way: `held` is how many finished requests D's NIXL worker pins 
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
-from typing import Any
 
 import pdclient
 
-from boomerang.connector.config import LEASE_PATH
-from boomerang.local.engine_client import samples, scrape
-
-
-def lease_api(url: str, token: str, op: str = "", body: Any = None) -> tuple[int, dict[str, Any]]:
-    """One call to the lease API: GET without `op`, else POST `op` with `body`."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(
-        f"{url}{LEASE_PATH}{'/' + op if op else ''}",
-        data,
-        {"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+from boomerang.local.engine_client import lease_status, samples, scrape
 
 
 def held(plane) -> int:
     """How many finished requests D's worker pins blocks for now. A request that finished
     while D was idle is recorded at D's next engine step: see `held_after_a_step`."""
-    status, body = lease_api(plane.d_url, plane.lease_token)
+    status, body = lease_status(plane.d_url, plane.lease_token)
     assert status == 200, body
     return int(body["held"])
 

@@ -16,11 +16,11 @@ import time
 
 import pdclient
 import pytest
-from dataplane.leasing import eventually, held, lease_api, metric
+from dataplane.leasing import eventually, held, metric
 from dataplane.turns import MAX_TOKENS, same, words
 
 from boomerang.connector.lease_api import RELEASED_METRIC, RENEWED_METRIC
-from boomerang.local.engine_client import samples, scrape
+from boomerang.local.engine_client import lease_status, samples, scrape
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
@@ -39,13 +39,13 @@ def retained_turn(plane, rng: random.Random, before: int):
 
 
 def test_the_api_describes_itself_and_refuses_a_wrong_token(dataplane):
-    status, body = lease_api(dataplane.d_url, dataplane.lease_token)
+    status, body = lease_status(dataplane.d_url, dataplane.lease_token)
     assert status == 200
     assert body["ceiling_s"] == 480 and body["vllm"].startswith("0.32")
     for op, payload in (("", None), ("release", {"request_ids": []}), ("renew", {})):
-        status, body = lease_api(dataplane.d_url, "wrong", op, payload)
+        status, body = lease_status(dataplane.d_url, "wrong", op, payload)
         assert status == 401 and body["error"]["type"] == "unauthorized"
-    status, body = lease_api(dataplane.d_url, dataplane.lease_token, "renew", {"request_ids": 1})
+    status, body = lease_status(dataplane.d_url, dataplane.lease_token, "renew", {"request_ids": 1})
     assert status == 400 and body["error"]["message"]
 
 
@@ -61,7 +61,7 @@ def test_a_released_handle_frees_its_blocks_at_once_without_an_expiry(dataplane)
 
     started = time.monotonic()
     ids = [rid, "no-such-request"]
-    status, body = lease_api(d, dataplane.lease_token, "release", {"request_ids": ids})
+    status, body = lease_status(d, dataplane.lease_token, "release", {"request_ids": ids})
     assert (status, body) == (200, {"released": [rid], "unknown": ["no-such-request"]})
     assert eventually(lambda: metric(d, USAGE) <= baseline, within_s=2.0)
     took = time.monotonic() - started
@@ -72,7 +72,7 @@ def test_a_released_handle_frees_its_blocks_at_once_without_an_expiry(dataplane)
     log = dataplane.specs["decode"].log.read_text()
     assert f"Releasing expired KV blocks for request {rid}" not in log
 
-    status, body = lease_api(d, dataplane.lease_token, "release", {"request_ids": [rid]})
+    status, body = lease_status(d, dataplane.lease_token, "release", {"request_ids": [rid]})
     assert (status, body) == (200, {"released": [], "unknown": [rid]})
 
 
@@ -84,12 +84,12 @@ def test_a_renewed_handle_is_pulled_with_its_new_deadline_and_matches(dataplane)
     rid, old = turn.handle["remote_request_id"], turn.handle["remote_blocks_expiry_time"]
 
     body = {"request_ids": [rid, "no-such-request"], "seconds": 1e6}
-    status, answer = lease_api(d, token, "renew", body)
+    status, answer = lease_status(d, token, "renew", body)
     assert status == 200 and answer["unknown"] == ["no-such-request"]
     assert answer["ceiling_s"] == 480
     deadline = answer["renewed"][rid]
     assert old < deadline <= old + 60  # clamped to the ceiling: now + 480 s
-    status, shorter = lease_api(d, token, "renew", {"request_ids": [rid], "seconds": 5})
+    status, shorter = lease_status(d, token, "renew", {"request_ids": [rid], "seconds": 5})
     assert status == 200 and shorter["renewed"] == {rid: deadline}  # never shortened
     assert metric(d, RENEWED_METRIC) == renewed_before + 2
 
@@ -101,7 +101,7 @@ def test_a_renewed_handle_is_pulled_with_its_new_deadline_and_matches(dataplane)
     reference = pdclient.single_turn(p, model, prompt, max_tokens=MAX_TOKENS)
     assert same((second.tokens, second.logprobs), (reference.tokens, reference.logprobs))
 
-    status, answer = lease_api(d, token, "release", {"request_ids": [rid]})
+    status, answer = lease_status(d, token, "release", {"request_ids": [rid]})
     assert answer == {"released": [], "unknown": [rid]}  # P's read ended the lease
     if second.handle:
-        lease_api(d, token, "release", {"request_ids": [second.handle["remote_request_id"]]})
+        lease_status(d, token, "release", {"request_ids": [second.handle["remote_request_id"]]})

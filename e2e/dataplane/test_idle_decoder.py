@@ -16,11 +16,11 @@ import time
 import pdclient
 import proc_cpu
 import pytest
-from dataplane.leasing import eventually, lease_api, metric
+from dataplane.leasing import eventually, metric
 from dataplane.turns import MAX_TOKENS, same, words
 
 from boomerang.connector.idle_policy import DEFAULT_IDLE_STEP_S
-from boomerang.local.engine_client import scrape
+from boomerang.local.engine_client import lease_status, scrape
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
@@ -71,7 +71,7 @@ def test_a_retaining_decoder_sleeps_and_still_serves_a_pull_and_a_release(datapl
     holding = metric(d, USAGE)
     rid = third.handle["remote_request_id"]
     started = time.monotonic()
-    status, body = lease_api(d, token, "release", {"request_ids": [rid]})
+    status, body = lease_status(d, token, "release", {"request_ids": [rid]})
     assert (status, body) == (200, {"released": [rid], "unknown": []})
     assert eventually(lambda: metric(d, USAGE) < holding, within_s=2.0)
     print(f"release while D slept: blocks freed in {time.monotonic() - started:.2f} s")

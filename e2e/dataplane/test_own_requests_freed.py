@@ -14,7 +14,7 @@ import pdclient
 import pytest
 from dataplane.turns import MAX_TOKENS, words
 
-from boomerang.local.engine_client import completion_body, post, samples, scrape
+from boomerang.local.engine_client import completion_body, lease_call, post, samples, scrape
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
@@ -36,19 +36,6 @@ def settle(url: str, target: float, seconds: float = 10.0) -> float:
     return usage(url)
 
 
-def lease_call(d: str, token: str, op: str, ids: list[str]) -> dict:
-    import json
-    import urllib.request
-
-    req = urllib.request.Request(
-        f"{d}/boomerang/v1/leases/{op}",
-        json.dumps({"request_ids": ids}).encode(),
-        {"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
-    )
-    with urllib.request.urlopen(req, timeout=30) as resp:
-        return json.loads(resp.read())
-
-
 def test_a_continued_turns_blocks_are_freed_by_a_release_and_by_ps_read(dataplane):
     p, d, model = dataplane.p_url, dataplane.d_url, dataplane.model
     rng = random.Random(7)
@@ -66,11 +53,11 @@ def test_a_continued_turns_blocks_are_freed_by_a_release_and_by_ps_read(dataplan
 
     second = continued(history + first.tokens + words(rng, 20))
     token = dataplane.lease_token
-    released = lease_call(d, token, "release", [first.handle["remote_request_id"]])
+    released = lease_call(d, token, "release", {"request_ids": [first.handle["remote_request_id"]]})
     assert released["released"] == [first.handle["remote_request_id"]]
     # The continued request is known to D's worker: its release frees what it held.
     rid = second["handle"]["remote_request_id"]
-    assert lease_call(d, token, "release", [rid])["released"] == [rid]
+    assert lease_call(d, token, "release", {"request_ids": [rid]})["released"] == [rid]
     assert settle(d, baseline) == pytest.approx(baseline, abs=1e-9)
 
     # And P's read of a continued request's handle frees it too (no "unrecognized request").
@@ -78,7 +65,7 @@ def test_a_continued_turns_blocks_are_freed_by_a_release_and_by_ps_read(dataplan
     prompt = third["prompt"] + third["tokens"] + words(rng, 30)
     pdclient.pd_turn(p, d, model, prompt, third["handle"], max_tokens=MAX_TOKENS)
     after_pull = usage(d)
-    assert lease_call(d, token, "release", [third["handle"]["remote_request_id"]])["unknown"] == [
-        third["handle"]["remote_request_id"]
-    ]
+    assert lease_call(d, token, "release", {"request_ids": [third["handle"]["remote_request_id"]]})[
+        "unknown"
+    ] == [third["handle"]["remote_request_id"]]
     assert after_pull > baseline  # the P/D turn's own handle is retained, nothing else

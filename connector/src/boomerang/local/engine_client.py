@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterable
 from typing import Any
@@ -95,17 +96,33 @@ def tokens_by_source(metrics_text: str) -> dict[str, float]:
     return totals(metrics_text, f"{BY_SOURCE}_total", "source")
 
 
-def lease_call(url: str, token: str, op: str = "") -> dict[str, Any]:
-    """One call to an engine's lease API: its state (no `op`), or POST `op`."""
-    data = b"{}" if op else None
-    req = urllib.request.Request(
+def _lease_request(url: str, token: str, op: str, body: Any) -> urllib.request.Request:
+    """GET the lease API's state without `op`, else POST `op` with `body` (`{}` if None)."""
+    data = None if not op else json.dumps({} if body is None else body).encode()
+    return urllib.request.Request(
         f"{url}{LEASE_PATH}{'/' + op if op else ''}",
         data,
         {"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
     )
-    with urllib.request.urlopen(req, timeout=10) as resp:
+
+
+def lease_call(url: str, token: str, op: str = "", body: Any = None) -> dict[str, Any]:
+    """One call to an engine's lease API: its state (no `op`), or POST `op` with `body`; an
+    error status raises (urllib's HTTPError, an OSError)."""
+    with urllib.request.urlopen(_lease_request(url, token, op, body), timeout=30) as resp:
         answer: dict[str, Any] = json.loads(resp.read())
     return answer
+
+
+def lease_status(
+    url: str, token: str, op: str = "", body: Any = None
+) -> tuple[int, dict[str, Any]]:
+    """`lease_call`'s status and JSON answer, an error's included (for tests of refusals)."""
+    try:
+        with urllib.request.urlopen(_lease_request(url, token, op, body), timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
 
 
 def retained_blocks(decoders: Iterable[str], token: str) -> float:
