@@ -7,8 +7,8 @@ is reachable at all is a property of the traffic. This replays the gaps one meas
 D held for it) under several policies, with no engine:
 
 - `static`: D keeps every handle for its TTL; the router offers it until its handle TTL.
-- `learned q`: the adaptive router's rule (`boomerang.router.retention`: the q-quantile of the
-  gaps learned so far, each learned when its return happens, within [floor, handle TTL]).
+- `learned q`: the adaptive router's rule (`boomerang.router.retention.policy`: the q-quantile
+  of the gaps learned so far, each learned when its return happens, within [floor, handle TTL]).
 - `known distribution`: the plan's own think-time distribution (log-normal) and share of turns
   that are followed by another, given to the policy in advance; each handle is kept while the
   chance per second that its conversation returns, per block held, is above a price (scanned).
@@ -36,7 +36,7 @@ from pathlib import Path
 from statistics import NormalDist
 from typing import Any
 
-from boomerang.router.retention import GapLearner, RetentionBounds, retention_s
+from boomerang.router.retention.policy import GapLearner, RetentionBounds, retention_s
 
 BLOCK_SIZE = 128
 """D's block size on the CPU engine (what `kv_blocks` counts in)."""

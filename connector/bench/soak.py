@@ -70,7 +70,7 @@ from production_modes import REGIMES, Workload, generator_config
 
 from boomerang.connector.model import corpus, model_dir
 from boomerang.local import engine_client, processes, stack
-from boomerang.router.health import block_size_from_metrics, kv_blocks_from_metrics
+from boomerang.router.engines.health import block_size_from_metrics, kv_blocks_from_metrics
 
 FAULTS = (
     "kill-d",

@@ -20,7 +20,7 @@ from dataplane.turns import counted, moved, reference, reuse, router_completion,
 
 from boomerang.connector.config import CAPABILITIES
 from boomerang.local.engine_client import scrape, totals
-from boomerang.router.health import capabilities_from_metrics
+from boomerang.router.engines.health import capabilities_from_metrics
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
 

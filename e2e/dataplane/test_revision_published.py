@@ -2,8 +2,8 @@
 and a real router never pairs a P and a D that publish different ones.
 
 The router pairs P and D by this revision while a rollout runs two (see
-`boomerang.router.endpoints.pairable`); without the plugin the page has no such gauge and the
-router pairs the engine with any, as before. Both engines are started by the local runtime's
+`boomerang.router.engines.endpoints.pairable`); without the plugin the page has no such gauge and
+the router pairs the engine with any, as before. Both engines are started by the local runtime's
 `engine_spec`, with the same environment the operator renders for pods; the second test
 restarts D under another revision, as a rollout's held decoder looks beside a rolled prefill.
 """
@@ -23,7 +23,7 @@ from boomerang.connector.config import (
 )
 from boomerang.local.engine_client import scrape, totals
 from boomerang.operator import render
-from boomerang.router.health import capabilities_from_metrics, revision_from_metrics
+from boomerang.router.engines.health import capabilities_from_metrics, revision_from_metrics
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 RESTART_S = 600.0

@@ -11,7 +11,7 @@ from dd_testing import deployment
 from boomerang.connector.config import ENGINE_REVISION_ENV, Role
 from boomerang.operator import engines, render, revisions
 from boomerang.operator.children import desired_children
-from boomerang.router.endpoints import Endpoint, pairable, partners
+from boomerang.router.engines.endpoints import Endpoint, pairable, partners
 
 
 def _revisions(objs: list[dict]) -> dict[str, tuple[str, str]]:  # type: ignore[type-arg]

@@ -15,8 +15,8 @@ import random
 import statistics
 import time
 
-from boomerang.router import wls
-from boomerang.router.costmodel import Coefficients, CostModel
+from boomerang.router.learning import wls
+from boomerang.router.learning.costmodel import Coefficients, CostModel
 
 Observation = tuple[int, int, float, int, float]
 """Computed tokens, pulled tokens, P's seconds, D's prompt tokens, D's first-token seconds."""

@@ -15,8 +15,8 @@ import argparse
 import random
 import time
 
-from boomerang.router import blockhash
-from boomerang.router.kvindex import BlockIndex
+from boomerang.router.engines import blockhash
+from boomerang.router.engines.kvindex import BlockIndex
 
 ENGINES = 16
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import orjson
 
-from boomerang.router import protocol
-from boomerang.router.upstream import EngineClient, Limits
-from boomerang.router.validation import validate
+from boomerang.router.apis import protocol
+from boomerang.router.apis.validation import validate
+from boomerang.router.engines.upstream import EngineClient, Limits
 
 LIMITS = Limits(total=120.0, connect=60.0)
 STREAM_TOKENS = 16

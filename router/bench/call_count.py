@@ -40,7 +40,7 @@ from bench_procs import use_uvloop
 from bench_turns import conversation, think_times
 from router_bench import TURNS, engines_and_router
 
-from boomerang.router.upstream import EngineClient
+from boomerang.router.engines.upstream import EngineClient
 
 
 def _hook_and_serve(out: str, argv: list[str]) -> None:

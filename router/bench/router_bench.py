@@ -73,7 +73,7 @@ from bench_turns import STREAM_TOKENS, conversation, think_times
 from prometheus_client.parser import text_string_to_metric_families
 from router_testing import EngineSpec, Fabric, FakeEngine, free_port, wait_port
 
-from boomerang.router.upstream import EngineClient
+from boomerang.router.engines.upstream import EngineClient
 
 TURNS = 8
 """Turns per conversation."""

@@ -17,7 +17,7 @@ import msgpack
 import zmq
 import zmq.asyncio
 
-from boomerang.router import blockhash
+from boomerang.router.engines import blockhash
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 

@@ -58,7 +58,7 @@ from boomerang.connector.config import (
     ENGINE_REVISION_METRIC,
 )
 from boomerang.router.auth import ANONYMOUS
-from boomerang.router.cache_salt import engine_salt
+from boomerang.router.turn.cache_salt import engine_salt
 
 __all__ = ["EngineSpec", "Fabric", "FakeEngine", "Held", "free_port", "wait_port"]
 
@@ -545,8 +545,8 @@ def d_caches(
     """Engine i of `role` holds `tokens` in its prefix cache, stored by a request of `tenant`
     (salted as the router salts it), as its KV events would have told the router's index (the
     fake engines publish none)."""
-    from boomerang.router import blockhash
     from boomerang.router.app import ROUTER
+    from boomerang.router.engines import blockhash
 
     router = w.client.server.app[ROUTER]
     spec = (w.decode if role == "decode" else w.prefill)[i]

@@ -11,9 +11,9 @@ from fake_tokenizer import render_chat
 from router_testing import chat, d_caches, filed, post
 from test_paths import router_of
 
-from boomerang.router.affinity import Affinity, Placement, cached_tokens
 from boomerang.router.app import ROUTER
-from boomerang.router.endpoints import Endpoint, LeastWorkAffinity
+from boomerang.router.engines.endpoints import Endpoint, LeastWorkAffinity
+from boomerang.router.turn.affinity import Affinity, Placement, cached_tokens
 
 
 def test_placements_expire_and_the_least_recently_used_go_first() -> None:

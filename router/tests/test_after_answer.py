@@ -19,8 +19,8 @@ from test_paths import SLOW_P, _equals, router_of, until
 
 from boomerang.router.app import ROUTER
 from boomerang.router.conversation import Handle
-from boomerang.router.settle import settle
 from boomerang.router.store import ConversationStore
+from boomerang.router.turn.settle import settle
 
 ADAPTIVE = {"tuning": {"mode": "adaptive", "itl_budget_s": 0.05}}  # see test_paths.ADAPTIVE
 

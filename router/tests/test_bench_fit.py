@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bench_fit import observations, run
 
-from boomerang.router import wls
+from boomerang.router.learning import wls
 
 
 def test_it_counts_the_solves_and_leaves_the_solver_as_it_was() -> None:

@@ -12,11 +12,11 @@ from fake_kv_publisher import stored
 from router_testing import chat, post
 from test_responses_and_messages import MESSAGES, RESPONSES, call, messages_body, responses_body
 
-from boomerang.router import blockhash
 from boomerang.router.auth import ANONYMOUS, tenant_of
-from boomerang.router.cache_salt import engine_salt
-from boomerang.router.kvevents import Index
+from boomerang.router.engines import blockhash
+from boomerang.router.engines.kvevents import Index
 from boomerang.router.metrics import Metrics
+from boomerang.router.turn.cache_salt import engine_salt
 
 URL, BS = "http://d0", 16
 IDS = list(range(1, 65))  # four blocks

@@ -14,8 +14,8 @@ import pytest
 from router_testing import chat, stream
 from test_lost_turns import turn_lines
 
-from boomerang.router.migration import Translator, continuation, refusal
-from boomerang.router.validation import ClientRequest
+from boomerang.router.apis.validation import ClientRequest
+from boomerang.router.turn.migration import Translator, continuation, refusal
 
 D_BREAKS = {"in_band_errors": 1, "in_band_after": 3, "chunk_per_token": True, "reply_words": 8}
 """D streams three tokens, then vLLM's in-band error (an engine failing under its 200)."""

@@ -14,7 +14,7 @@ from router_testing import chat, d_caches, filed, held_tokens, post
 from test_paths import ADAPTIVE, SLOW_P, router_of
 
 from boomerang.connector.config import CONTINUE_CAPABILITY, PRESSURE_CAPABILITY
-from boomerang.router.protocol import CONTINUE_PARAMS
+from boomerang.router.apis.protocol import CONTINUE_PARAMS
 
 TOKEN = "lease-token"
 YIELDING = {

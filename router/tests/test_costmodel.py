@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from boomerang.router import wls
-from boomerang.router.costmodel import (
+from boomerang.router.learning import wls
+from boomerang.router.learning.costmodel import (
     DEFAULT_PRIORS,
     Bounds,
     Choice,

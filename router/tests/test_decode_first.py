@@ -11,7 +11,7 @@ from fake_tokenizer import render_chat
 from router_testing import chat, d_caches, post
 
 from boomerang.router.config import RouterConfig
-from boomerang.router.decode_first import DecodeChoice, choose
+from boomerang.router.turn.decode_first import DecodeChoice, choose
 
 A, B = "http://d-a", "http://d-b"
 

@@ -17,7 +17,8 @@ from boomerang.router import conversation as conv
 from boomerang.router.app import ROUTER
 from boomerang.router.auth import ANONYMOUS
 from boomerang.router.config import RouterConfig, env_overrides
-from boomerang.router.degraded import (
+from boomerang.router.engines.endpoints import Pool, Role
+from boomerang.router.turn.degraded import (
     Route,
     Supply,
     after_failure,
@@ -25,7 +26,6 @@ from boomerang.router.degraded import (
     route,
     supply,
 )
-from boomerang.router.endpoints import Pool, Role
 
 # -- the choice of path (pure) ----------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from boomerang.router.config import KubernetesSource
-from boomerang.router.discovery import ApiAccess, SliceWatcher, api_access
+from boomerang.router.engines.discovery import ApiAccess, SliceWatcher, api_access
 
 
 def _slice(name: str, rv: str, *ips: str, ready: bool = True) -> dict[str, Any]:

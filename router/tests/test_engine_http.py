@@ -18,7 +18,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from router_testing import free_port, hang_up, raw_server, silent, trickle
 
-from boomerang.router.engine_http import ConnectError, HttpClient, HttpError, Limits
+from boomerang.router.engines.engine_http import ConnectError, HttpClient, HttpError, Limits
 
 LIMITS = Limits(total=5.0, connect=2.0)
 

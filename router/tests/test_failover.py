@@ -7,11 +7,11 @@ from collections.abc import Sequence
 
 import pytest
 
-from boomerang.router.endpoints import Endpoint, Pool
+from boomerang.router.engines.endpoints import Endpoint, Pool
+from boomerang.router.engines.failover import Failover, Unavailable
+from boomerang.router.engines.upstream import UpstreamError
 from boomerang.router.errors import ApiError
-from boomerang.router.failover import Failover, Unavailable
 from boomerang.router.metrics import Metrics
-from boomerang.router.upstream import UpstreamError
 
 URLS = ["http://e0", "http://e1", "http://e2"]
 

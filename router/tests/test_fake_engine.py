@@ -100,7 +100,7 @@ def test_the_fabric_checks_every_token_a_read_takes(
 
 
 async def test_the_fake_decoder_reports_its_block_size() -> None:
-    from boomerang.router.health import block_size_from_metrics
+    from boomerang.router.engines.health import block_size_from_metrics
 
     spec = EngineSpec(role="decode", engine_id="d", fabric=Fabric(), block_size=128)
     async with TestClient(TestServer(FakeEngine(spec).app())) as client:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from boomerang.router.endpoints import Endpoint, Prefilling
-from boomerang.router.forgetting import kept_tokens
+from boomerang.router.engines.endpoints import Endpoint, Prefilling
+from boomerang.router.learning.forgetting import kept_tokens
 
 
 @pytest.mark.parametrize(

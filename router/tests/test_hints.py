@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from boomerang.router.apis.hints import asked_s, cap, duration_s
 from boomerang.router.errors import ApiError
-from boomerang.router.hints import asked_s, cap, duration_s
 
 EPHEMERAL = {"type": "ephemeral"}
 

@@ -13,16 +13,16 @@ from router_testing import chat, post
 
 from boomerang.connector import router_state
 from boomerang.router.app import ROUTER
-from boomerang.router.costmodel import CostModel
-from boomerang.router.endpoints import Endpoint
-from boomerang.router.health import histogram_totals
-from boomerang.router.idle_probe import (
+from boomerang.router.engines.endpoints import Endpoint
+from boomerang.router.engines.health import histogram_totals
+from boomerang.router.engines.idle_probe import (
     PROBE_TOKENS,
     PROBE_TRIES,
     TPOT_HISTOGRAM,
     probe_plan,
     probed_tpot,
 )
+from boomerang.router.learning.costmodel import CostModel
 
 
 def decoder(**state: Any) -> Endpoint:

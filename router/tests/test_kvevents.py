@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from fake_kv_publisher import FakePublisher, removed, stored
 
-from boomerang.router import blockhash
 from boomerang.router.config import KvEventsConfig
-from boomerang.router.kvevents import Index, KvEvents
+from boomerang.router.engines import blockhash
+from boomerang.router.engines.kvevents import Index, KvEvents
 from boomerang.router.metrics import Metrics
 
 URL = "http://127.0.0.1:1000"

@@ -8,8 +8,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from boomerang.router import blockhash
-from boomerang.router.kvindex import MAX_ENGINES, BlockIndex, Engines
+from boomerang.router.engines import blockhash
+from boomerang.router.engines.kvindex import MAX_ENGINES, BlockIndex, Engines
 
 ops = st.lists(
     st.tuples(

@@ -16,7 +16,7 @@ from router_testing import EngineSpec, Fabric, FakeEngine, Held, chat, filed, fr
 
 from boomerang.router.app import RETENTION, ROUTER
 from boomerang.router.config import RouterConfig
-from boomerang.router.lease_client import LeaseClient, LeaseFailure
+from boomerang.router.retention.lease_client import LeaseClient, LeaseFailure
 
 TOKEN = "s3cret"
 
@@ -228,7 +228,7 @@ async def test_state_needs_no_api_key_and_static_mode_releases_nothing(
 
 
 def test_d_s_kv_cache_size_comes_from_its_cache_config_gauge() -> None:
-    from boomerang.router.health import kv_blocks_from_metrics
+    from boomerang.router.engines.health import kv_blocks_from_metrics
 
     def page(*values: str) -> bytes:
         lines = ["# TYPE vllm:cache_config_info gauge"]

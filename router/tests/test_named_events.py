@@ -13,11 +13,11 @@ import orjson
 import pytest
 from test_stream_relay import relay
 
-from boomerang.router import sse
+from boomerang.router.apis import sse
 from boomerang.router.apis.messages import MessagesEvents
 from boomerang.router.apis.responses import ResponsesEvents
-from boomerang.router.decode import NamedStreamRelay
-from boomerang.router.upstream import UpstreamError
+from boomerang.router.engines.upstream import UpstreamError
+from boomerang.router.turn.decode import NamedStreamRelay
 
 PARAMS = {"do_remote_decode": True, "remote_block_ids": [[4, 5]], "remote_num_tokens": 9}
 

@@ -12,8 +12,8 @@ from router_testing import chat, filed, post
 
 from boomerang.connector.config import ENGINE_REVISION_METRIC
 from boomerang.router.app import ROUTER
-from boomerang.router.endpoints import Endpoint, Pool, compatible, pairable, partners
-from boomerang.router.health import capabilities_from_metrics, revision_from_metrics
+from boomerang.router.engines.endpoints import Endpoint, Pool, compatible, pairable, partners
+from boomerang.router.engines.health import capabilities_from_metrics, revision_from_metrics
 
 
 def ep(url: str, role: str, revision: str | None, version: str | None = None) -> Endpoint:

@@ -15,12 +15,12 @@ import pytest
 from router_testing import chat, filed, post, stream
 
 from boomerang.router import conversation as conv
+from boomerang.router.apis.protocol import CONTINUE_PARAMS
 from boomerang.router.app import ROUTER
 from boomerang.router.auth import ANONYMOUS
-from boomerang.router.cache_salt import engine_salt
-from boomerang.router.costmodel import DEFAULT_PRIORS, CostModel
-from boomerang.router.flow import Router
-from boomerang.router.protocol import CONTINUE_PARAMS
+from boomerang.router.learning.costmodel import DEFAULT_PRIORS, CostModel
+from boomerang.router.turn.cache_salt import engine_salt
+from boomerang.router.turn.flow import Router
 
 ADAPTIVE = {"tuning": {"mode": "adaptive", "itl_budget_s": 0.05}}
 """The budget pinned: the fakes stream in milliseconds, and a budget derived from that
@@ -372,7 +372,7 @@ async def test_a_filed_lease_names_the_last_block_of_the_prompt_p_computed(world
     when it files the handle (unverified first turn and verified follow-up alike)."""
     from fake_tokenizer import render_chat
 
-    from boomerang.router import blockhash
+    from boomerang.router.engines import blockhash
 
     w = await world(**ADAPTIVE)
     router, retention = router_of(w)

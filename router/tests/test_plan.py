@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from boomerang.router.costmodel import DEFAULT_PRIORS, Bounds, CostModel, Path
-from boomerang.router.plan import Facts, Plan, adaptive_plan, after_failure, static_plan
+from boomerang.router.learning.costmodel import DEFAULT_PRIORS, Bounds, CostModel, Path
+from boomerang.router.turn.plan import Facts, Plan, adaptive_plan, after_failure, static_plan
 
 PULL, RECOMPUTE, CONTINUE = Path.PULL, Path.RECOMPUTE, Path.CONTINUE
 

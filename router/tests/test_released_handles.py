@@ -16,9 +16,9 @@ from typing import Any
 from router_testing import chat, d_caches, filed, held_tokens, post
 from test_paths import ADAPTIVE, SLOW_P, conversation, router_of
 
+from boomerang.router.apis.protocol import CONTINUE_PARAMS
 from boomerang.router.app import ROUTER
 from boomerang.router.conversation import Handle, build_handle
-from boomerang.router.protocol import CONTINUE_PARAMS
 from boomerang.router.store import MemoryStore, _pack, _unpack
 
 LONG_SUFFIX = "word " * 3000

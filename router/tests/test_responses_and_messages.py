@@ -348,7 +348,7 @@ async def test_an_adaptive_router_continues_both_apis_on_the_decoder_holding_the
 ) -> None:
     from test_paths import ADAPTIVE, SLOW_P, router_of, until
 
-    from boomerang.router.protocol import CONTINUE_PARAMS
+    from boomerang.router.apis.protocol import CONTINUE_PARAMS
 
     w = await world(**ADAPTIVE)
     router_of(w, SLOW_P)

@@ -12,7 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from boomerang.router.retention import GapLearner, Lease, Ledger, RetentionBounds, retention_s
+from boomerang.router.retention.policy import (
+    GapLearner,
+    Lease,
+    Ledger,
+    RetentionBounds,
+    retention_s,
+)
 
 MU, SIGMA = math.log(60.0), 1.0
 """Think times: log-normal, median a minute."""

@@ -11,8 +11,8 @@ import pytest
 
 from boomerang.router import conversation as conv
 from boomerang.router import params_codec
-from boomerang.router.health import block_size_from_metrics
-from boomerang.router.reuse import decide, narrowed
+from boomerang.router.engines.health import block_size_from_metrics
+from boomerang.router.turn.reuse import decide, narrowed
 
 B = 4
 HELD = list(range(100, 120))

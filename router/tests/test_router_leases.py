@@ -20,8 +20,8 @@ import pytest
 from boomerang.router import params_codec
 from boomerang.router.config import RouterConfig
 from boomerang.router.conversation import Handle, build_handle
-from boomerang.router.leases import LeaseFailure, Renewal, Retention
 from boomerang.router.metrics import Metrics
+from boomerang.router.retention.leases import LeaseFailure, Renewal, Retention
 from boomerang.router.store import MemoryStore
 
 D = "http://d0"
@@ -407,7 +407,7 @@ def test_params_keep_the_expiry_field_through_the_codec() -> None:
 async def test_the_sweep_loop_reports_what_is_held(monkeypatch: pytest.MonkeyPatch) -> None:
     import asyncio
 
-    from boomerang.router import leases
+    from boomerang.router.retention import leases
 
     monkeypatch.setattr(leases, "SWEEP_INTERVAL_S", 0.01)
     w = World()

@@ -9,10 +9,15 @@ import pytest
 from multidict import CIMultiDict
 
 from boomerang.router import conversation as conv
+from boomerang.router.apis.sessions import (
+    DEFAULT_SESSION_HEADERS,
+    Session,
+    conversation_root,
+    identify,
+)
+from boomerang.router.apis.validation import validate
 from boomerang.router.errors import ApiError
-from boomerang.router.sessions import DEFAULT_SESSION_HEADERS, Session, conversation_root, identify
-from boomerang.router.turn import Turn
-from boomerang.router.validation import validate
+from boomerang.router.turn.state import Turn
 
 NAMES = list(DEFAULT_SESSION_HEADERS)
 

@@ -9,8 +9,8 @@ from typing import Any
 from router_testing import chat, post, stream
 
 from boomerang.router import conversation as conv
+from boomerang.router.apis.sessions import conversation_root
 from boomerang.router.app import ROUTER
-from boomerang.router.sessions import conversation_root
 
 SESSION = {"x-claude-code-session-id": "agent-1"}
 

@@ -12,9 +12,9 @@ from boomsim.profiles import h200_qwen3_32b
 from boomsim.run import Load, run
 from boomsim.workload import MULTI_TURN, Shape, stream
 
-from boomerang.router.costmodel import Shape as CostShape
-from boomerang.router.costmodel import decide
-from boomerang.router.plan import Facts, Plan, static_plan
+from boomerang.router.learning.costmodel import Shape as CostShape
+from boomerang.router.learning.costmodel import decide
+from boomerang.router.turn.plan import Facts, Plan, static_plan
 
 SMALL = h200_qwen3_32b(kv_blocks=2_000)
 """32k tokens of KV per engine: eight conversations of 2-4k tokens and their leases exceed it."""

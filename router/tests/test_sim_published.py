@@ -24,7 +24,11 @@ def test_the_published_tables_were_made_by_head_s_decision_code() -> None:
 
 def test_the_decision_code_follows_the_router_s_imports() -> None:
     modules = publish.decision_modules()
-    for name in ("boomerang.router.plan", "boomerang.router.costmodel", "boomsim.cluster"):
+    for name in (
+        "boomerang.router.turn.plan",
+        "boomerang.router.learning.costmodel",
+        "boomsim.cluster",
+    ):
         assert name in modules
     assert "boomsim.plot" not in modules  # draws, decides nothing
     assert not any(n.startswith(("aiohttp", "numpy", "pydantic")) for n in modules)

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from boomerang.router.costmodel import (
+from boomerang.router.learning.costmodel import (
     BRAKE,
     FALLBACK_ITL_BUDGET_S,
     SLACK_SHARE,
@@ -176,7 +176,7 @@ def test_the_slo_is_validated() -> None:
 
 
 def test_a_decoders_ledger_keeps_what_each_live_stream_absorbed() -> None:
-    from boomerang.router.endpoints import Endpoint
+    from boomerang.router.engines.endpoints import Endpoint
 
     d = Endpoint("http://d", "decode")
     assert d.absorbed() == 0.0

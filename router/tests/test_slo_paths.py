@@ -12,8 +12,8 @@ import pytest
 from router_testing import chat, filed, post
 from test_paths import paths, router_of, until
 
-from boomerang.router.costmodel import DEFAULT_PRIORS
-from boomerang.router.protocol import CONTINUE_PARAMS
+from boomerang.router.apis.protocol import CONTINUE_PARAMS
+from boomerang.router.learning.costmodel import DEFAULT_PRIORS
 
 ENGINES = {
     "prefill_spec": {"version": "0.33.0"},

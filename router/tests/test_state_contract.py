@@ -10,7 +10,7 @@ from test_paths import ADAPTIVE, conversation
 
 from boomerang.connector import router_state
 from boomerang.operator import tuning
-from boomerang.router.costmodel import Path
+from boomerang.router.learning.costmodel import Path
 
 
 def test_the_router_s_paths_are_the_contract_s() -> None:

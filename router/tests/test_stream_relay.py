@@ -13,9 +13,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from boomerang.router import sse
-from boomerang.router.decode import DecodeResult, StreamRelay
-from boomerang.router.upstream import EngineStream, UpstreamError
+from boomerang.router.apis import sse
+from boomerang.router.engines.upstream import EngineStream, UpstreamError
+from boomerang.router.turn.decode import DecodeResult, StreamRelay
 
 D_PARAMS = {"do_remote_decode": True, "remote_block_ids": [[4, 5]], "remote_num_tokens": 31}
 

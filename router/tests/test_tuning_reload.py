@@ -16,11 +16,11 @@ from pydantic import ValidationError
 from router_testing import chat, post
 from test_paths import Frozen, Recorder, conversation
 
+from boomerang.router.apis.protocol import CONTINUE_PARAMS
 from boomerang.router.app import ROUTER
 from boomerang.router.config import RouterConfig, Tuning
-from boomerang.router.costmodel import DEFAULT_PRIORS
+from boomerang.router.learning.costmodel import DEFAULT_PRIORS
 from boomerang.router.metrics import Metrics
-from boomerang.router.protocol import CONTINUE_PARAMS
 from boomerang.router.tuning import TuningReload
 
 BASE: dict[str, Any] = {

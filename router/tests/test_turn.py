@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from boomerang.router import conversation as conv
-from boomerang.router.costmodel import Path
+from boomerang.router.apis.validation import validate
+from boomerang.router.learning.costmodel import Path
 from boomerang.router.metrics import PATHS, REUSE_OUTCOMES
-from boomerang.router.reuse import REJECTED, Outcome, Reuse
-from boomerang.router.turn import MOVES, IllegalMove, Stage, Turn
-from boomerang.router.validation import validate
+from boomerang.router.turn.reuse import REJECTED, Outcome, Reuse
+from boomerang.router.turn.state import MOVES, IllegalMove, Stage, Turn
 
 HELD = list(range(100, 120))
 PARAMS = {"remote_block_ids": [[1, 2, 3, 4, 5]], "remote_num_tokens": 20}

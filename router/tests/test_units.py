@@ -10,12 +10,12 @@ import pytest
 from pydantic import ValidationError
 
 from boomerang.router import conversation as conv
-from boomerang.router import sse
 from boomerang.router.__main__ import cli_overrides, parse_args
-from boomerang.router.capabilities import decode_mode, version_tuple
+from boomerang.router.apis import sse
 from boomerang.router.config import RouterConfig
-from boomerang.router.discovery import SliceWatcher, ready_urls
-from boomerang.router.endpoints import Endpoint, LeastWorkAffinity, Pool
+from boomerang.router.engines.capabilities import decode_mode, version_tuple
+from boomerang.router.engines.discovery import SliceWatcher, ready_urls
+from boomerang.router.engines.endpoints import Endpoint, LeastWorkAffinity, Pool
 
 STATIC = {"prefill": {"urls": ["http://127.0.0.1:1"]}, "decode": {"urls": ["http://127.0.0.1:2"]}}
 
@@ -179,7 +179,7 @@ def test_ready_urls_keep_ready_pod_ips_only() -> None:
 
 def test_slice_watch_events_update_the_url_set() -> None:
     from boomerang.router.config import KubernetesSource
-    from boomerang.router.discovery import ApiAccess
+    from boomerang.router.engines.discovery import ApiAccess
 
     seen: list[list[str]] = []
     w = SliceWatcher(
@@ -221,7 +221,7 @@ def test_ejected_engines_are_skipped_until_readmitted() -> None:
 
 def test_a_url_back_from_discovery_remembers_when_it_left() -> None:
     """Same pod IP, maybe a restarted pod: handles made before it left must stay void."""
-    from boomerang.router import endpoints
+    from boomerang.router.engines import endpoints
 
     pool = Pool("decode")
     pool.set_urls(["http://a", "http://b"])

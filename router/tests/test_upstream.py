@@ -12,7 +12,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from router_testing import free_port, hang_up, raw_server, silent, trickle
 
-from boomerang.router.upstream import (
+from boomerang.router.engines.upstream import (
     EngineClient,
     Limits,
     UpstreamError,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from boomerang.router.usage import answer_cached, engine_cached, retained_prompt, rewrite
+from boomerang.router.apis.usage import answer_cached, engine_cached, retained_prompt, rewrite
 
 D_PARAMS = {"do_remote_decode": True, "remote_block_ids": [[1, 2]], "remote_num_tokens": 130}
 
@@ -82,7 +82,7 @@ def test_only_what_d_keeps_of_the_prompt_counts_as_retained() -> None:
 
 
 def test_p_s_own_count_says_when_its_pull_failed() -> None:
-    from boomerang.router.usage import pull_failed
+    from boomerang.router.apis.usage import pull_failed
 
     assert not pull_failed(1000, 1000, 128)  # it took all it was sent to pull
     assert not pull_failed(900, 1000, 128)  # within a block: its last, partial one computed

@@ -3,7 +3,7 @@
 Why it exists: every performance judgment of this project so far comes from two CPU cores and a
 tiny model, where a prefill token, a KV transfer and a decode step cost nothing like they cost
 on H200s over EFA, and no machine here can run 4P8D with thousands of sessions. The simulator
-keeps the router's pure decisions (`boomerang.router.plan`, `costmodel`, `affinity`,
+keeps the router's pure decisions (`boomerang.router.turn.plan`, `costmodel`, `affinity`,
 `endpoints.LeastWorkAffinity`) and the connector's lease yield rules
 (`boomerang.connector.retained`) unchanged, and replaces only the I/O: engines are cost models
 (`profiles`, `engine`, `kvcache`), the network is a transfer-time formula, time is simulated

@@ -22,10 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from boomerang.connector.retained import RetainedBook
-from boomerang.router import decode_first
-from boomerang.router.affinity import Affinity, Placement
-from boomerang.router.endpoints import Endpoint, LeastWorkAffinity
-from boomerang.router.plan import Facts, forgoes_handle
+from boomerang.router.engines.endpoints import Endpoint, LeastWorkAffinity
+from boomerang.router.turn import decode_first
+from boomerang.router.turn.affinity import Affinity, Placement
+from boomerang.router.turn.plan import Facts, forgoes_handle
 from boomsim.engine import Engine
 from boomsim.kvcache import BlockPool, CpuTier
 from boomsim.legs import Handle, Turn

@@ -39,9 +39,9 @@ from dataclasses import dataclass
 
 from boomerang.facts import DECODER_BLOCKS_TTL_S, RECOMPUTE_THRESHOLD_TOKENS, default_handle_ttl
 from boomerang.router.config import RouterConfig, Tuning
-from boomerang.router.costmodel import Bounds, Coefficients, CostModel, Path
-from boomerang.router.plan import Facts, Plan, adaptive_plan, static_plan
-from boomerang.router.retention import GapLearner, RetentionBounds, retention_s
+from boomerang.router.learning.costmodel import Bounds, Coefficients, CostModel, Path
+from boomerang.router.retention.policy import GapLearner, RetentionBounds, retention_s
+from boomerang.router.turn.plan import Facts, Plan, adaptive_plan, static_plan
 from boomsim.profiles import Profile
 
 

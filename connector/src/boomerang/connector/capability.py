@@ -7,10 +7,10 @@ cannot see the patch, and an engine started without the plugin (or on a vLLM who
 the patch does not recognise) says nothing, so the plugin says it: a gauge
 `boomerang_engine_capability_info{capability="continue"} 1` in prometheus_client's default
 registry, served on `/metrics` by vLLM's API server next to the revision (`revision.py`), read
-by the router's prober (`boomerang.router.health`). A capability not in force is published at 0
-(the router reads only the ones at 1), so a scrape of an engine whose vLLM the plugin refused
-shows `...{capability="continue"} 0`. The patch applies per process; the API server's answer
-stands for the engine core's, which loads the same vLLM.
+by the router's prober (`boomerang.router.engines.health`). A capability not in force is
+published at 0 (the router reads only the ones at 1), so a scrape of an engine whose vLLM the
+plugin refused shows `...{capability="continue"} 0`. The patch applies per process; the API
+server's answer stands for the engine core's, which loads the same vLLM.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ names pods but not their revision, so the engine says it itself: the operator an
 runtime set `BOOMERANG_ENGINE_REVISION`, and this module, called from the vLLM plugin in each
 engine process, sets a gauge `boomerang_engine_revision_info{revision="..."} 1` in
 prometheus_client's default registry, which vLLM's API server serves on `/metrics`. The router
-reads it with the block size it already reads there (`boomerang.router.health`).
+reads it with the block size it already reads there (`boomerang.router.engines.health`).
 """
 
 from __future__ import annotations

@@ -29,25 +29,34 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from boomerang.connector import router_state
-from boomerang.router import apis, auth, degraded, failover, hints, logs, sessions
+from boomerang.router import apis, auth, logs
 from boomerang.router import conversation as conv
 from boomerang.router.admission import InflightLimit, Overloaded
-from boomerang.router.claims import Claims
+from boomerang.router.apis import hints, sessions
+from boomerang.router.apis.validation import ClientRequest, Kind, check_model, parse_json
 from boomerang.router.config import EndpointSource, RouterConfig
-from boomerang.router.decode import ClientGone
-from boomerang.router.discovery import SliceWatcher, api_access
-from boomerang.router.endpoints import LeastWorkAffinity, Pool, Strategy
+from boomerang.router.engines import failover
+from boomerang.router.engines.discovery import SliceWatcher, api_access
+from boomerang.router.engines.endpoints import LeastWorkAffinity, Pool, Strategy
+from boomerang.router.engines.health import probe_all, run_prober
+from boomerang.router.engines.idle_probe import run_idle_probes
+from boomerang.router.engines.kvevents import Index, KvEvents
+from boomerang.router.engines.upstream import (
+    EngineClient,
+    UpstreamError,
+    get_json,
+    post_json,
+    timeout,
+)
 from boomerang.router.errors import ApiError
-from boomerang.router.flow import Router
-from boomerang.router.health import probe_all, run_prober
-from boomerang.router.idle_probe import run_idle_probes
-from boomerang.router.kvevents import Index, KvEvents
-from boomerang.router.leases import LeaseClient, LeaseFailure, Retention
 from boomerang.router.metrics import Metrics
+from boomerang.router.retention.claims import Claims
+from boomerang.router.retention.leases import LeaseClient, LeaseFailure, Retention
 from boomerang.router.store import ConversationStore, MemoryStore
 from boomerang.router.tuning import TuningReload
-from boomerang.router.upstream import EngineClient, UpstreamError, get_json, post_json, timeout
-from boomerang.router.validation import ClientRequest, Kind, check_model, parse_json
+from boomerang.router.turn import degraded
+from boomerang.router.turn.decode import ClientGone
+from boomerang.router.turn.flow import Router
 
 log = logging.getLogger("boomerang.router")
 

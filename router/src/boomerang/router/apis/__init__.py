@@ -4,21 +4,24 @@
 client body into the router's `ClientRequest` the API's way. Chat Completions and Completions
 (`chat.py`) are vLLM's P/D protocol as written in `protocol.py`; the Responses API
 (`responses.py`) and Anthropic's Messages API (`messages.py`) carry the same handles with their
-own fields, verification calls, fingerprints, events and errors.
+own fields, verification calls, fingerprints, events and errors. What every API shares sits
+beside them: parsing a client's body (`validation.py`), its session and cache hints
+(`sessions.py`, `hints.py`), the SSE framing (`sse.py`) and usage (`usage.py`). The wing imports
+only the router's base modules (config, errors, conversation, ...): every other wing may use it.
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
 
-from boomerang.router import protocol, validation
+from boomerang.router.apis import protocol, validation
 from boomerang.router.apis.base import Api, DecodeResult, EventStream
 from boomerang.router.apis.chat import OpenAICompletions
 from boomerang.router.apis.messages import MessagesApi
 from boomerang.router.apis.messages import validate as validate_messages
 from boomerang.router.apis.responses import ResponsesApi
 from boomerang.router.apis.responses import validate as validate_responses
-from boomerang.router.validation import ClientRequest, Kind
+from boomerang.router.apis.validation import ClientRequest, Kind
 
 __all__ = ["APIS", "Api", "DecodeResult", "EventStream", "continue_request", "of", "validate"]
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from boomerang.router.apis.validation import INTERNAL_FIELDS, ClientRequest, Kind
 from boomerang.router.errors import ApiError
-from boomerang.router.validation import INTERNAL_FIELDS, ClientRequest, Kind
 
 if TYPE_CHECKING:
     from aiohttp import web

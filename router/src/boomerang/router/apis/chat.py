@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from boomerang.router import conversation as conv
-from boomerang.router import protocol
+from boomerang.router.apis import protocol
 from boomerang.router.apis.base import DecodeResult, EventStream, ids_of
+from boomerang.router.apis.validation import ClientRequest, Kind
 from boomerang.router.errors import ApiError
-from boomerang.router.validation import ClientRequest, Kind
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from boomerang.router import conversation as conv
-from boomerang.router import sse
+from boomerang.router.apis import sse
 from boomerang.router.apis.base import (
     DecodeResult,
     EventStream,
@@ -39,9 +39,8 @@ from boomerang.router.apis.base import (
     ids_of,
     strip_added,
 )
-from boomerang.router.errors import ApiError, bad_request
-from boomerang.router.protocol import FRESH_PREFILL_PARAMS
-from boomerang.router.validation import (
+from boomerang.router.apis.protocol import FRESH_PREFILL_PARAMS
+from boomerang.router.apis.validation import (
     INTERNAL_FIELDS,
     ClientRequest,
     Kind,
@@ -49,6 +48,7 @@ from boomerang.router.validation import (
     conversation_id,
     optional,
 )
+from boomerang.router.errors import ApiError, bad_request
 
 SERVER_SIDE: dict[str, str] = {
     "container": "a code-execution container",

@@ -27,8 +27,13 @@ import orjson
 
 from boomerang.connector.config import LEASE_PATH, LEASE_TOKEN_ENV
 from boomerang.router.config import RouterConfig
-from boomerang.router.upstream import EngineClient, UpstreamError, check_status, parse_object
-from boomerang.router.upstream import timeout as limits
+from boomerang.router.engines.upstream import (
+    EngineClient,
+    UpstreamError,
+    check_status,
+    parse_object,
+)
+from boomerang.router.engines.upstream import timeout as limits
 
 log = logging.getLogger("boomerang.router")
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from boomerang.router.endpoints import Pool, Role
+from boomerang.router.engines.endpoints import Pool, Role
 
 Supply = Literal["healthy", "ejected", "none"]
 Route = Literal["pd", "prefill", "decode"]

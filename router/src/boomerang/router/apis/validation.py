@@ -16,9 +16,9 @@ from typing import Any, Literal
 
 import orjson
 
+from boomerang.router.apis.hints import Retention
+from boomerang.router.apis.sessions import Session
 from boomerang.router.errors import ApiError, bad_request
-from boomerang.router.hints import Retention
-from boomerang.router.sessions import Session
 
 Kind = Literal["chat", "completion", "responses", "messages"]
 

@@ -43,23 +43,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Final, Literal
+from typing import Any, Final
 
-from boomerang.router import apis, logs, sessions
+from boomerang.router import apis, logs
 from boomerang.router import conversation as conv
-from boomerang.router.affinity import Placement
-from boomerang.router.apis import DecodeResult
-from boomerang.router.cache_salt import FIELD as SALT_FIELD
-from boomerang.router.costmodel import Path
-from boomerang.router.endpoints import Endpoint, Role
-from boomerang.router.reuse import ATTACHED, Outcome, Reuse
+from boomerang.router.apis import DecodeResult, sessions
+from boomerang.router.apis.validation import ClientRequest
+from boomerang.router.engines.endpoints import Endpoint, Role
+from boomerang.router.learning.costmodel import Path
+from boomerang.router.retention.claims import Claim
 from boomerang.router.store import TakeStatus
-from boomerang.router.validation import ClientRequest
-
-Claim = Literal["unneeded", "held", "gone", "failed"]
-"""D's answer to the claim of a taken handle's lease (`claims.py`): `unneeded`, D never
-releases a lease on its own; `held`, D confirmed it; `gone`, D no longer holds it; `failed`, no
-answer. Only the first two may be offered to P."""
+from boomerang.router.turn.affinity import Placement
+from boomerang.router.turn.cache_salt import FIELD as SALT_FIELD
+from boomerang.router.turn.reuse import ATTACHED, Outcome, Reuse
 
 
 class Stage(Enum):

@@ -107,7 +107,7 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Final
 
-from boomerang.router.wls import ForgettingFit
+from boomerang.router.learning.wls import ForgettingFit
 
 
 class Path(StrEnum):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from boomerang.router.validation import INTERNAL_FIELDS, ClientRequest
+from boomerang.router.apis.validation import INTERNAL_FIELDS, ClientRequest
 
 FRESH_PREFILL_PARAMS: dict[str, Any] = {
     "do_remote_decode": True,

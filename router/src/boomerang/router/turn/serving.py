@@ -22,24 +22,33 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from boomerang.connector import router_state
-from boomerang.router import apis, forgetting, migration, protocol
+from boomerang.router import apis
 from boomerang.router import conversation as conv
-from boomerang.router.affinity import Affinity, Placement, cached_tokens
-from boomerang.router.apis import DecodeResult
-from boomerang.router.capabilities import DecodeMode
-from boomerang.router.claims import Claims
+from boomerang.router.apis import DecodeResult, protocol
+from boomerang.router.apis.usage import Cached
 from boomerang.router.config import RouterConfig
-from boomerang.router.decode import Carried, Carry, call_and_answer
-from boomerang.router.endpoints import Endpoint, Mark, Pool, Strategy, partners, prefill_choices
-from boomerang.router.failover import Failover, unavailable
-from boomerang.router.hooks import NoRetention, RetentionHooks
-from boomerang.router.kvevents import Index
+from boomerang.router.engines.capabilities import DecodeMode
+from boomerang.router.engines.endpoints import (
+    Endpoint,
+    Mark,
+    Pool,
+    Strategy,
+    partners,
+    prefill_choices,
+)
+from boomerang.router.engines.failover import Failover, unavailable
+from boomerang.router.engines.kvevents import Index
+from boomerang.router.engines.upstream import EngineClient, UpstreamError, open_stream, timeout
+from boomerang.router.learning import forgetting
+from boomerang.router.learning.paths import PathBook
 from boomerang.router.metrics import Metrics
-from boomerang.router.paths import PathBook
+from boomerang.router.retention.claims import Claims
+from boomerang.router.retention.hooks import NoRetention, RetentionHooks
 from boomerang.router.store import ConversationStore
-from boomerang.router.turn import Turn
-from boomerang.router.upstream import EngineClient, UpstreamError, open_stream, timeout
-from boomerang.router.usage import Cached
+from boomerang.router.turn import migration
+from boomerang.router.turn.affinity import Affinity, Placement, cached_tokens
+from boomerang.router.turn.decode import Carried, Carry, call_and_answer
+from boomerang.router.turn.state import Turn
 
 log = logging.getLogger("boomerang.router")
 T = TypeVar("T")

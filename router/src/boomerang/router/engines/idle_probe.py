@@ -46,9 +46,15 @@ from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 from boomerang.router.config import RouterConfig
-from boomerang.router.endpoints import Endpoint, Pool, compatible
-from boomerang.router.health import histogram_totals
-from boomerang.router.upstream import EngineClient, UpstreamError, get_bytes, post_json, timeout
+from boomerang.router.engines.endpoints import Endpoint, Pool, compatible
+from boomerang.router.engines.health import histogram_totals
+from boomerang.router.engines.upstream import (
+    EngineClient,
+    UpstreamError,
+    get_bytes,
+    post_json,
+    timeout,
+)
 
 log = logging.getLogger("boomerang.router")
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import urlsplit
 
-from boomerang.router.engine_conn import ConnectError, Connection, HttpError, OnData, OnEnd
+from boomerang.router.engines.engine_conn import ConnectError, Connection, HttpError, OnData, OnEnd
 
 __all__ = ["ConnectError", "HttpClient", "HttpError", "Limits", "StreamedResponse"]
 

@@ -1,4 +1,4 @@
-"""Retention that follows the traffic: the I/O around `retention.py`, and D's lease API.
+"""Retention that follows the traffic: the I/O around `policy.py`, and D's lease API.
 
 Why it exists: D pins every finished request's blocks for its whole TTL. In adaptive mode the
 router keeps a handle only as long as the next turn is likely to come (a quantile of the
@@ -6,7 +6,7 @@ learned gap between turns, per tenant, within the handle TTL) and within a budge
 blocks, and releases what will never be offered (a superseded or recomputed handle, a
 conversation the client ended) through D's lease API (`boomerang.connector.leases`, served
 by Boomerang's vLLM plugin on D's port). The pure parts (the gap learner, the bounds, the
-ledger of leases) are `retention.py`; this module calls D and the store.
+ledger of leases) are `policy.py`; this module calls D and the store.
 
 Rules (correctness over reuse):
 - A lease is released only once no turn can hold its handle: the sweeper takes the handle out
@@ -34,12 +34,19 @@ from typing import Any, Literal
 
 from boomerang.connector import router_state as state
 from boomerang.facts import default_handle_ttl
-from boomerang.router import hints, params_codec
+from boomerang.router import params_codec
+from boomerang.router.apis import hints
 from boomerang.router.config import RouterConfig
 from boomerang.router.conversation import Handle
-from boomerang.router.lease_client import LeaseClient, LeaseFailure, Renewal
 from boomerang.router.metrics import Metrics
-from boomerang.router.retention import GapLearner, Lease, Ledger, RetentionBounds, retention_s
+from boomerang.router.retention.lease_client import LeaseClient, LeaseFailure, Renewal
+from boomerang.router.retention.policy import (
+    GapLearner,
+    Lease,
+    Ledger,
+    RetentionBounds,
+    retention_s,
+)
 from boomerang.router.store import ConversationStore, MemoryStore
 
 __all__ = ["LeaseClient", "LeaseFailure", "Renewed", "Retention", "block_count", "request_id_of"]

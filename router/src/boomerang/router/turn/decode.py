@@ -19,11 +19,11 @@ from typing import Any, Final
 import orjson
 from aiohttp import HttpVersion11, web
 
-from boomerang.router import apis, protocol, sse, usage
-from boomerang.router.apis import DecodeResult, EventStream
+from boomerang.router import apis
+from boomerang.router.apis import DecodeResult, EventStream, protocol, sse, usage
+from boomerang.router.apis.validation import ClientRequest, Kind
 from boomerang.router.config import Timeouts
-from boomerang.router.migration import MAX_MIGRATIONS, Translator, chunk_base
-from boomerang.router.upstream import (
+from boomerang.router.engines.upstream import (
     EngineClient,
     EngineStream,
     FailureKind,
@@ -32,7 +32,7 @@ from boomerang.router.upstream import (
     post_json,
     timeout,
 )
-from boomerang.router.validation import ClientRequest, Kind
+from boomerang.router.turn.migration import MAX_MIGRATIONS, Translator, chunk_base
 
 
 class ClientGone(Exception):

@@ -16,7 +16,7 @@ that many tokens and computes the rest.
 - rejected: nothing usable; P computes everything.
 
 `Outcome` is the one type of a turn's reuse outcome (the metric labels and the log field); which
-one a turn ends with follows from its handle's state machine (`turn.py`).
+one a turn ends with follows from its handle's state machine (`state.py`).
 """
 
 from __future__ import annotations

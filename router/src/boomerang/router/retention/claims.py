@@ -22,16 +22,21 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, Literal
 
 from boomerang.connector.config import PRESSURE_CAPABILITY
 from boomerang.router.conversation import Handle
-from boomerang.router.endpoints import Endpoint
-from boomerang.router.lease_client import LeaseClient, LeaseFailure
+from boomerang.router.engines.endpoints import Endpoint
 from boomerang.router.metrics import Metrics
-from boomerang.router.turn import Claim
+from boomerang.router.retention.lease_client import LeaseClient, LeaseFailure
 
 log = logging.getLogger("boomerang.router")
+
+
+Claim = Literal["unneeded", "held", "gone", "failed"]
+"""D's answer to the claim of a taken handle's lease: `unneeded`, D never releases
+a lease on its own; `held`, D confirmed it; `gone`, D no longer holds it; `failed`, no
+answer. Only the first two may be offered to P."""
 
 
 def needs_claim(holder: Endpoint | None) -> bool:

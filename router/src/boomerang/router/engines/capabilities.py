@@ -21,7 +21,7 @@ from typing import Literal
 
 from boomerang.connector.config import STREAMS_PARAMS_SINCE
 from boomerang.router.config import RouterConfig
-from boomerang.router.endpoints import Endpoint
+from boomerang.router.engines.endpoints import Endpoint
 
 DecodeMode = Literal["json", "stream", "buffer"]
 RECHECK_S = 600.0

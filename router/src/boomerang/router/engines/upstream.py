@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import orjson
 
-from boomerang.router.engine_http import (
+from boomerang.router.engines.engine_http import (
     ConnectError,
     HttpClient,
     HttpError,

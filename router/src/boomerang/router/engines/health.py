@@ -19,9 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from boomerang.connector.config import ENGINE_CAPABILITY_METRIC, ENGINE_REVISION_METRIC
 from boomerang.router.config import RouterConfig
-from boomerang.router.endpoints import Endpoint, Pool
-from boomerang.router.metrics import Metrics
-from boomerang.router.upstream import (
+from boomerang.router.engines.endpoints import Endpoint, Pool
+from boomerang.router.engines.upstream import (
     EngineClient,
     Limits,
     UpstreamError,
@@ -29,6 +28,7 @@ from boomerang.router.upstream import (
     get_json,
     timeout,
 )
+from boomerang.router.metrics import Metrics
 
 log = logging.getLogger("boomerang.router")
 CACHE_INFO = "vllm:cache_config_info"

@@ -29,8 +29,8 @@ from typing import Any
 
 import aiohttp
 
+from boomerang.router.apis.sse import split_lines
 from boomerang.router.config import KubernetesSource
-from boomerang.router.sse import split_lines
 
 log = logging.getLogger("boomerang.router")
 SA_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")

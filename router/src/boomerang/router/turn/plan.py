@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from boomerang import facts
-from boomerang.router.costmodel import Bounds, Choice, CostModel, Path, Shape
+from boomerang.router.learning.costmodel import Bounds, Choice, CostModel, Path, Shape
 
 Mode = facts.Mode
 AFTER_CONTINUE: Final = (Path.PULL, Path.RECOMPUTE)

@@ -4,7 +4,7 @@ Why it exists: it is the I/O around the pure parts. `Router.handle` is that orde
 1. Route: P and D, or one engine of a role alone when the other has none (`degraded.py`).
 2. Find the conversation: where its last turn ran (`affinity.py`) and its handle, taken from
    the store atomically (no concurrent turn can get it; what may happen to it from here is the
-   turn's state machine, `turn.py`). Choose P: the work it has left, counting its cache.
+   turn's state machine, `state.py`). Choose P: the work it has left, counting its cache.
 3. Verify the handle against the new prompt's token ids (`reuse.decide`: hit, partial or
    rejected) while D claims its lease (`claims.py`): only a lease D confirmed may go to P.
 4. Plan (`plan.py`): static pulls what P's own cache lacks when that reaches the engine's
@@ -29,16 +29,20 @@ from typing import Any
 from aiohttp import web
 
 from boomerang.connector.config import CONTINUE_CAPABILITY
-from boomerang.router import apis, decode_first, degraded
+from boomerang.router import apis
 from boomerang.router import conversation as conv
-from boomerang.router.cache_salt import salt_request
-from boomerang.router.claims import may_offer
-from boomerang.router.costmodel import Path
-from boomerang.router.decode import ClientGone
-from boomerang.router.endpoints import Endpoint, pairable
+from boomerang.router.apis.validation import ClientRequest
+from boomerang.router.engines.endpoints import Endpoint, pairable
+from boomerang.router.engines.upstream import post_json, timeout
 from boomerang.router.errors import ApiError
-from boomerang.router.legs import Alone, DecodeFirst, LegFailed, PrefillDecode, leg_for
-from boomerang.router.plan import (
+from boomerang.router.learning.costmodel import Path
+from boomerang.router.retention.claims import Claim, may_offer
+from boomerang.router.store import TakeStatus
+from boomerang.router.turn import decode_first, degraded
+from boomerang.router.turn.cache_salt import salt_request
+from boomerang.router.turn.decode import ClientGone
+from boomerang.router.turn.legs import Alone, DecodeFirst, LegFailed, PrefillDecode, leg_for
+from boomerang.router.turn.plan import (
     Facts,
     Plan,
     adaptive_plan,
@@ -46,13 +50,10 @@ from boomerang.router.plan import (
     forgoes_handle,
     static_plan,
 )
-from boomerang.router.reuse import REJECTED, Outcome, decide
-from boomerang.router.serving import Serving
-from boomerang.router.settle import settle
-from boomerang.router.store import TakeStatus
-from boomerang.router.turn import Claim, Turn
-from boomerang.router.upstream import post_json, timeout
-from boomerang.router.validation import ClientRequest
+from boomerang.router.turn.reuse import REJECTED, Outcome, decide
+from boomerang.router.turn.serving import Serving
+from boomerang.router.turn.settle import settle
+from boomerang.router.turn.state import Turn
 
 log = logging.getLogger("boomerang.router")
 UNPAIRED = (

@@ -26,10 +26,10 @@ from typing import TypeVar
 
 import orjson
 
-from boomerang.router.endpoints import Endpoint, Pool, Role
+from boomerang.router.engines.endpoints import Endpoint, Pool, Role
+from boomerang.router.engines.upstream import UpstreamError
 from boomerang.router.errors import ApiError
 from boomerang.router.metrics import Metrics
-from boomerang.router.upstream import UpstreamError
 
 log = logging.getLogger("boomerang.router")
 T = TypeVar("T")

@@ -32,7 +32,8 @@ from typing import Any
 
 from boomerang.connector import router_state as state
 from boomerang.router.config import RouterConfig
-from boomerang.router.costmodel import (
+from boomerang.router.engines.endpoints import Joined
+from boomerang.router.learning.costmodel import (
     Bounds,
     Choice,
     CostModel,
@@ -43,7 +44,6 @@ from boomerang.router.costmodel import (
     tpot_slo,
     ttft_slo,
 )
-from boomerang.router.endpoints import Joined
 from boomerang.router.metrics import Metrics
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from boomerang.router.validation import ClientRequest
+from boomerang.router.apis.validation import ClientRequest
 
 MAX_MIGRATIONS: Final = 2
 """Carry-overs per answer: a second engine may die too, a third is a pattern, not bad luck."""

@@ -33,15 +33,17 @@ from typing import Any, Final, Protocol
 
 from aiohttp import web
 
-from boomerang.router import apis, degraded, protocol, usage
-from boomerang.router.capabilities import DecodeMode, decode_mode, observe_stream
-from boomerang.router.costmodel import Path
-from boomerang.router.endpoints import Endpoint, Prefilling, Role, compatible
-from boomerang.router.failover import Unavailable
-from boomerang.router.serving import Serving
-from boomerang.router.settle import settle
-from boomerang.router.turn import Turn
-from boomerang.router.upstream import UpstreamError, post_json, timeout
+from boomerang.router import apis
+from boomerang.router.apis import protocol, usage
+from boomerang.router.engines.capabilities import DecodeMode, decode_mode, observe_stream
+from boomerang.router.engines.endpoints import Endpoint, Prefilling, Role, compatible
+from boomerang.router.engines.failover import Unavailable
+from boomerang.router.engines.upstream import UpstreamError, post_json, timeout
+from boomerang.router.learning.costmodel import Path
+from boomerang.router.turn import degraded
+from boomerang.router.turn.serving import Serving
+from boomerang.router.turn.settle import settle
+from boomerang.router.turn.state import Turn
 
 log = logging.getLogger("boomerang.router")
 FALLBACK_BLOCK = 128

@@ -35,9 +35,9 @@ import msgpack
 import zmq
 import zmq.asyncio
 
-from boomerang.router import blockhash
 from boomerang.router.config import KvEventsConfig
-from boomerang.router.kvindex import BlockIndex, Engines
+from boomerang.router.engines import blockhash
+from boomerang.router.engines.kvindex import BlockIndex, Engines
 from boomerang.router.metrics import Metrics
 
 log = logging.getLogger("boomerang.router")
