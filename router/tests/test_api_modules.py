@@ -83,13 +83,14 @@ def test_what_changes_the_conversation_changes_the_key() -> None:
 def test_the_engines_get_one_prefill_token_and_the_client_s_decode_request() -> None:
     req = apis.validate("responses", {"input": "hi", "max_output_tokens": 9, "stream": True}, None)
     assert req.body["store"] is False and req.stream
-    p = responses.prefill_request(req.body, None)
+    api = apis.of("responses")
+    p = api.prefill_request(req.body, None)
     assert p["max_output_tokens"] == 1 and p["stream"] is False
     assert p["kv_transfer_params"]["do_remote_decode"] is True
     handle = {"remote_block_ids": [[1]], "do_remote_prefill": True}
-    p = responses.prefill_request(req.body, handle)
+    p = api.prefill_request(req.body, handle)
     assert p["kv_transfer_params"]["do_remote_prefill"] is False
-    d = responses.decode_request(req.body, {"x": 1}, stream=True)
+    d = api.decode_request(req.body, {"x": 1}, stream=True)
     assert d["max_output_tokens"] == 9 and d["kv_transfer_params"] == {"x": 1}
     assert apis.of("responses").prompt_ids_request(req) == (
         "/v1/responses/render",

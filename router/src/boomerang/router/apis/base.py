@@ -16,8 +16,9 @@ contract; `apis.of(kind)` gives the one for a request.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from boomerang.router.apis import protocol
 from boomerang.router.apis.validation import INTERNAL_FIELDS, ClientRequest, Kind
 from boomerang.router.errors import ApiError
 
@@ -174,3 +175,41 @@ def collect_top_level(payload: dict[str, Any], result: DecodeResult) -> None:
         result.prompt_ids = prompt
     if (output := ids_of(payload.get("token_ids"))) is not None:
         result.output_ids = output
+
+
+class RenderedApi:
+    """What the APIs whose prompt the engine renders (`<path>/render`: Responses and Messages)
+    do alike, written once: the engines' bodies (vLLM's P/D protocol, `protocol.py`, with the
+    API's own field bounding P's answer to one token), the render call and the ids in its
+    answer, the plain body, and the client's payload without what the router added. Each
+    subclass is a frozen dataclass that sets `kind`, `path` and `LIMIT`."""
+
+    path: str
+    LIMIT: ClassVar[str]
+    """The request field that bounds the answer's length (P's is set to one token)."""
+
+    def prefill_request(
+        self, body: dict[str, Any], handle: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        return protocol.prefill_body(body, handle, limit=self.LIMIT)
+
+    def decode_request(
+        self, body: dict[str, Any], p_params: dict[str, Any] | None, *, stream: bool
+    ) -> dict[str, Any]:
+        return protocol.decode_body(body, p_params, stream=stream)
+
+    def plain_request(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in body.items() if k not in INTERNAL_FIELDS}
+
+    def prompt_ids_request(self, req: ClientRequest) -> tuple[str, dict[str, Any]] | None:
+        return f"{self.path}/render", {**req.body, "stream": False}
+
+    def prompt_ids_from(self, data: dict[str, Any]) -> list[int] | None:
+        return ids_of(data.get("token_ids"))
+
+    def known_prompt_ids(self, req: ClientRequest) -> list[int] | None:
+        return None
+
+    def client_payload(self, payload: dict[str, Any], *, keep_token_ids: bool) -> dict[str, Any]:
+        strip_added(payload)
+        return payload

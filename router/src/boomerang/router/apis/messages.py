@@ -28,20 +28,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from boomerang.router import conversation as conv
 from boomerang.router.apis import sse
 from boomerang.router.apis.base import (
     DecodeResult,
     EventStream,
+    RenderedApi,
     collect_top_level,
-    ids_of,
     strip_added,
 )
-from boomerang.router.apis.protocol import FRESH_PREFILL_PARAMS
 from boomerang.router.apis.validation import (
-    INTERNAL_FIELDS,
     ClientRequest,
     Kind,
     client_body,
@@ -123,32 +121,6 @@ def _check_tools(tools: Any) -> None:
             )
         if not isinstance(tool.get("input_schema"), dict):
             raise bad_request(f"`{where}.input_schema` must be an object", f"{where}.input_schema")
-
-
-# -- the engines' requests ---------------------------------------------------------------------
-
-
-def prefill_request(body: dict[str, Any], handle: dict[str, Any] | None) -> dict[str, Any]:
-    """P's body: one token, not streamed, D's params when verified (or a fresh hold)."""
-    out = dict(body)
-    out["stream"] = False
-    out["max_tokens"] = 1
-    if handle is None:
-        out["kv_transfer_params"] = dict(FRESH_PREFILL_PARAMS)
-    else:
-        out["kv_transfer_params"] = {**handle, "do_remote_decode": True, "do_remote_prefill": False}
-    return out
-
-
-def decode_request(
-    body: dict[str, Any], p_params: dict[str, Any] | None, *, stream: bool
-) -> dict[str, Any]:
-    """D's body: the client's request plus P's params (or the continue intent)."""
-    out = dict(body)
-    out["stream"] = stream
-    if p_params is not None:
-        out["kv_transfer_params"] = p_params
-    return out
 
 
 # -- the fingerprint of a Messages history -----------------------------------------------------
@@ -290,37 +262,20 @@ def error_body(exc: ApiError) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class MessagesApi:
+class MessagesApi(RenderedApi):
     """The `Api` of `/v1/messages`."""
 
     kind: Kind = "messages"
     path: str = "/v1/messages"
     can_buffer: bool = False
 
-    def prefill_request(
-        self, body: dict[str, Any], handle: dict[str, Any] | None
-    ) -> dict[str, Any]:
-        return prefill_request(body, handle)
-
-    def decode_request(
-        self, body: dict[str, Any], p_params: dict[str, Any] | None, *, stream: bool
-    ) -> dict[str, Any]:
-        return decode_request(body, p_params, stream=stream)
-
-    def plain_request(self, body: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in body.items() if k not in INTERNAL_FIELDS}
+    LIMIT: ClassVar[str] = "max_tokens"
 
     def prompt_ids_request(self, req: ClientRequest) -> tuple[str, dict[str, Any]] | None:
         thinking = req.body.get("thinking")
         if isinstance(thinking, dict) and thinking.get("type") == "disabled":
             return None  # the engine may render it with a probed effort: not verified
-        return "/v1/messages/render", {**req.body, "stream": False}
-
-    def prompt_ids_from(self, data: dict[str, Any]) -> list[int] | None:
-        return ids_of(data.get("token_ids"))
-
-    def known_prompt_ids(self, req: ClientRequest) -> list[int] | None:
-        return None
+        return super().prompt_ids_request(req)
 
     def lookup_key(self, tenant: str, model: str | None, body: dict[str, Any]) -> bytes | None:
         return lookup_key(tenant, model, body)
@@ -332,10 +287,6 @@ class MessagesApi:
 
     def result_from_response(self, payload: dict[str, Any]) -> DecodeResult:
         return result_from_response(payload)
-
-    def client_payload(self, payload: dict[str, Any], *, keep_token_ids: bool) -> dict[str, Any]:
-        strip_added(payload)
-        return payload
 
     def event_stream(self) -> EventStream | None:
         return MessagesEvents()

@@ -32,18 +32,45 @@ FRESH_PREFILL_PARAMS: dict[str, Any] = {
 _PREFILL_DROPS = ("max_completion_tokens", "min_tokens", "stream_options")
 
 
-def prefill_request(body: dict[str, Any], handle_params: dict[str, Any] | None) -> dict[str, Any]:
-    """P's body: one token, not streamed, with D's retained params when a verified handle exists."""
-    out = {k: v for k, v in body.items() if k not in _PREFILL_DROPS}
+def prefill_body(
+    body: dict[str, Any],
+    handle_params: dict[str, Any] | None,
+    *,
+    limit: str,
+    drops: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """P's body in every API: the client's request less `drops`, one token (the API's `limit`
+    field), not streamed, with D's retained params when a verified handle exists, else a fresh
+    hold of P's blocks for D."""
+    out = {k: v for k, v in body.items() if k not in drops}
     out["stream"] = False
-    out["max_tokens"] = 1
+    out[limit] = 1
     if handle_params is None:
         out["kv_transfer_params"] = dict(FRESH_PREFILL_PARAMS)
     else:
-        params = dict(handle_params)
-        params["do_remote_decode"] = True
-        params["do_remote_prefill"] = False
-        out["kv_transfer_params"] = params
+        out["kv_transfer_params"] = {
+            **handle_params,
+            "do_remote_decode": True,
+            "do_remote_prefill": False,
+        }
+    return out
+
+
+def decode_body(
+    body: dict[str, Any], prefill_params: dict[str, Any] | None, *, stream: bool
+) -> dict[str, Any]:
+    """D's body in every API: the client's request plus P's params (or the continue intent)."""
+    out = dict(body)
+    out["stream"] = stream
+    if prefill_params is not None:
+        out["kv_transfer_params"] = prefill_params
+    return out
+
+
+def prefill_request(body: dict[str, Any], handle_params: dict[str, Any] | None) -> dict[str, Any]:
+    """P's chat or completion body; token ids on with a handle, so P's prompt can be checked."""
+    out = prefill_body(body, handle_params, limit="max_tokens", drops=_PREFILL_DROPS)
+    if handle_params is not None:
         out["return_token_ids"] = True
     return out
 
@@ -52,12 +79,9 @@ def decode_request(
     body: dict[str, Any], prefill_params: dict[str, Any] | None, *, stream: bool
 ) -> dict[str, Any]:
     """D's body: the client's request plus P's params; token ids on so D's prefix can be hashed."""
-    out = dict(body)
-    out["stream"] = stream
+    out = decode_body(body, prefill_params, stream=stream)
     if not stream:
         out.pop("stream_options", None)
-    if prefill_params is not None:
-        out["kv_transfer_params"] = prefill_params
     out["return_token_ids"] = True
     return out
 

@@ -27,20 +27,18 @@ that carry `kv_transfer_params`, which the router then strips.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from boomerang.router import conversation as conv
 from boomerang.router.apis import sse
 from boomerang.router.apis.base import (
     DecodeResult,
     EventStream,
+    RenderedApi,
     collect_top_level,
-    ids_of,
     strip_added,
 )
-from boomerang.router.apis.protocol import FRESH_PREFILL_PARAMS
 from boomerang.router.apis.validation import (
-    INTERNAL_FIELDS,
     ClientRequest,
     Kind,
     client_body,
@@ -124,32 +122,6 @@ def _check_tools(tools: Any) -> None:
                 f"({', '.join(sorted(TOOL_TYPES))}) reach the model",
                 f"tools[{i}].type",
             )
-
-
-# -- the engines' requests ---------------------------------------------------------------------
-
-
-def prefill_request(body: dict[str, Any], handle: dict[str, Any] | None) -> dict[str, Any]:
-    """P's body: one output token, not streamed, D's params when verified (or a fresh hold)."""
-    out = dict(body)
-    out["stream"] = False
-    out["max_output_tokens"] = 1
-    if handle is None:
-        out["kv_transfer_params"] = dict(FRESH_PREFILL_PARAMS)
-    else:
-        out["kv_transfer_params"] = {**handle, "do_remote_decode": True, "do_remote_prefill": False}
-    return out
-
-
-def decode_request(
-    body: dict[str, Any], p_params: dict[str, Any] | None, *, stream: bool
-) -> dict[str, Any]:
-    """D's body: the client's request plus P's params (or the continue intent)."""
-    out = dict(body)
-    out["stream"] = stream
-    if p_params is not None:
-        out["kv_transfer_params"] = p_params
-    return out
 
 
 # -- the fingerprint of a Responses history ----------------------------------------------------
@@ -279,34 +251,14 @@ class ResponsesEvents(EventStream):
 
 
 @dataclass(frozen=True)
-class ResponsesApi:
+class ResponsesApi(RenderedApi):
     """The `Api` of `/v1/responses`."""
 
     kind: Kind = "responses"
     path: str = "/v1/responses"
     can_buffer: bool = False
 
-    def prefill_request(
-        self, body: dict[str, Any], handle: dict[str, Any] | None
-    ) -> dict[str, Any]:
-        return prefill_request(body, handle)
-
-    def decode_request(
-        self, body: dict[str, Any], p_params: dict[str, Any] | None, *, stream: bool
-    ) -> dict[str, Any]:
-        return decode_request(body, p_params, stream=stream)
-
-    def plain_request(self, body: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in body.items() if k not in INTERNAL_FIELDS}
-
-    def prompt_ids_request(self, req: ClientRequest) -> tuple[str, dict[str, Any]] | None:
-        return "/v1/responses/render", {**req.body, "stream": False}
-
-    def prompt_ids_from(self, data: dict[str, Any]) -> list[int] | None:
-        return ids_of(data.get("token_ids"))
-
-    def known_prompt_ids(self, req: ClientRequest) -> list[int] | None:
-        return None
+    LIMIT: ClassVar[str] = "max_output_tokens"
 
     def lookup_key(self, tenant: str, model: str | None, body: dict[str, Any]) -> bytes | None:
         return lookup_key(tenant, model, body)
@@ -318,10 +270,6 @@ class ResponsesApi:
 
     def result_from_response(self, payload: dict[str, Any]) -> DecodeResult:
         return result_from_response(payload)
-
-    def client_payload(self, payload: dict[str, Any], *, keep_token_ids: bool) -> dict[str, Any]:
-        strip_added(payload)
-        return payload
 
     def event_stream(self) -> EventStream | None:
         return ResponsesEvents()
