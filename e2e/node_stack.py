@@ -34,7 +34,7 @@ from images.containerd import import_images
 from kube import is_true, wait_until
 from suite import CHART, RELEASE, RELEASE_NAMESPACE, example
 
-from boomerang.connector.config import HTTP_PORT
+from boomerang.facts.engine import HTTP_PORT
 from boomerang.operator.render import ROUTER_PORT
 
 SAMPLE = "cpu.yaml"

@@ -53,7 +53,7 @@ import yaml
 from bench_paths import ITL_BUDGET_S
 from bench_ttft import REPO, start_engines, start_routers, stop_all
 
-from boomerang.connector.config import LEASE_PATH
+from boomerang.facts.engine import LEASE_PATH
 from boomerang.local import calibrate, stack
 from boomerang.local.engine_client import samples, totals
 

@@ -29,8 +29,8 @@ import pdclient
 import proc_cpu
 from bench_ttft import REPO, bench_manifest, start_engines, stop_all
 
-from boomerang.connector.config import LEASE_PATH
 from boomerang.connector.idle_policy import DEFAULT_IDLE_STEP_S, ENV_IDLE_STEP
+from boomerang.facts.engine import LEASE_PATH
 from boomerang.local import stack
 from boomerang.local.engine_client import samples
 

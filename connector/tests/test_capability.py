@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import REGISTRY, generate_latest
 
 from boomerang.connector import capability
-from boomerang.connector.config import CONTINUE_CAPABILITY, ENGINE_CAPABILITY_METRIC
+from boomerang.facts.engine import CONTINUE_CAPABILITY, ENGINE_CAPABILITY_METRIC
 
 
 def test_a_capability_is_a_gauge_on_the_default_registry_once() -> None:

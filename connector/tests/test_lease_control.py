@@ -16,6 +16,7 @@ from prometheus_client import REGISTRY
 
 from boomerang.connector import config, lease_api, leases, pressure
 from boomerang.connector.retained import RetainedBook
+from boomerang.facts import engine as names
 
 TOKEN = "s3cret-token"
 
@@ -139,7 +140,7 @@ def test_ranks_merge_to_one_answer() -> None:
 
 def test_both_roles_load_the_lease_extension() -> None:
     engine = config.EngineSettings(model="m", served_model_name="m")
-    for role in config.ROLES:
+    for role in names.ROLES:
         args = config.engine_args(role, engine, config.KVTransferSettings())
         assert args[args.index("--middleware") + 1] == config.LEASE_MIDDLEWARE
         assert args[args.index("--worker-extension-cls") + 1] == config.LEASE_WORKER_EXTENSION
@@ -235,7 +236,7 @@ def worker(monkeypatch: pytest.MonkeyPatch) -> FakeNixlWorker:
 
 def app(env: dict[str, str] | None = None) -> lease_api.LeaseControl:
     return lease_api.LeaseControl(
-        downstream, env={config.LEASE_TOKEN_ENV: TOKEN} if env is None else env
+        downstream, env={names.LEASE_TOKEN_ENV: TOKEN} if env is None else env
     )
 
 
@@ -244,14 +245,14 @@ def counter(name: str) -> float:
 
 
 async def test_get_reports_held_leases_ceiling_and_version(worker) -> None:
-    status, body = await call(app(), "GET", config.LEASE_PATH)
+    status, body = await call(app(), "GET", names.LEASE_PATH)
     assert status == 200
     assert body["held"] == 2 and body["ceiling_s"] == 480.0 and isinstance(body["vllm"], str)
 
 
 async def test_release_answers_released_and_unknown_and_counts(worker) -> None:
     before = counter(lease_api.RELEASED_METRIC)
-    path = f"{config.LEASE_PATH}/release"
+    path = f"{names.LEASE_PATH}/release"
     status, body = await call(app(), "POST", path, {"request_ids": ["held-1", "nope"]})
     assert (status, body) == (200, {"released": ["held-1"], "unknown": ["nope"]})
     assert counter(lease_api.RELEASED_METRIC) == before + 1
@@ -261,7 +262,7 @@ async def test_release_answers_released_and_unknown_and_counts(worker) -> None:
 async def test_renew_returns_the_new_deadline_clamped_to_the_ceiling(worker) -> None:
     worker._reqs_to_send["held-1"] = 0.0
     before = counter(lease_api.RENEWED_METRIC)
-    path = f"{config.LEASE_PATH}/renew"
+    path = f"{names.LEASE_PATH}/renew"
     status, body = await call(app(), "POST", path, {"request_ids": ["held-1", "x"], "seconds": 1e6})
     assert status == 200 and body["unknown"] == ["x"] and body["ceiling_s"] == 480.0
     deadline = body["renewed"]["held-1"]
@@ -275,17 +276,17 @@ async def test_renew_returns_the_new_deadline_clamped_to_the_ceiling(worker) -> 
     [({}, TOKEN, 403), (None, None, 401), (None, "wrong", 401), (None, "", 401)],
 )
 async def test_auth(worker, env, token, status) -> None:
-    code, body = await call(app(env), "GET", config.LEASE_PATH, token=token)
+    code, body = await call(app(env), "GET", names.LEASE_PATH, token=token)
     assert code == status and set(body["error"]) == {"message", "type"}
 
 
 async def test_errors_are_json_400_405_501(worker) -> None:
-    code, body = await call(app(), "POST", f"{config.LEASE_PATH}/release", b"{")
+    code, body = await call(app(), "POST", f"{names.LEASE_PATH}/release", b"{")
     assert code == 400 and "JSON" in body["error"]["message"]
-    code, _ = await call(app(), "GET", f"{config.LEASE_PATH}/release")
+    code, _ = await call(app(), "GET", f"{names.LEASE_PATH}/release")
     assert code == 405
     missing = FakeEngineClient(fail=NotImplementedError("Method 'boomerang_lease_held'"))
-    code, body = await call(app(), "GET", config.LEASE_PATH, client=missing)
+    code, body = await call(app(), "GET", names.LEASE_PATH, client=missing)
     assert code == 501 and body["error"]["type"] == "not_supported"
 
 
@@ -296,20 +297,20 @@ async def test_a_slow_worker_is_a_504_and_the_engine_is_never_given_a_deadline(
     step reads (the engine dies): the wait is bounded here instead."""
     monkeypatch.setattr(lease_api, "RPC_TIMEOUT_S", 0.05)
     slow = FakeEngineClient(stall_s=1.0)
-    code, body = await call(app(), "GET", config.LEASE_PATH, client=slow)
+    code, body = await call(app(), "GET", names.LEASE_PATH, client=slow)
     assert code == 504 and body["error"]["type"] == "timeout"
     assert slow.timeouts == [None]
 
 
 async def test_an_unsupported_vllm_is_501(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(leases, "nixl_worker", lambda: SimpleNamespace(_reqs_to_send={}))
-    code, body = await call(app(), "POST", f"{config.LEASE_PATH}/release", {"request_ids": ["a"]})
+    code, body = await call(app(), "POST", f"{names.LEASE_PATH}/release", {"request_ids": ["a"]})
     assert code == 501 and "_reap_expired_send_leases" in body["error"]["message"]
 
 
 async def test_everything_else_passes_through_untouched(worker) -> None:
     client = FakeEngineClient()
-    for path in ("/v1/completions", "/metrics", f"{config.LEASE_PATH}/other", "/boomerang"):
+    for path in ("/v1/completions", "/metrics", f"{names.LEASE_PATH}/other", "/boomerang"):
         assert await call(app(), "POST", path, {"x": 1}, client=client) == (299, b"app")
     assert await call(app({}), "GET", "/health", token=None) == (299, b"app")
     assert client.calls == []
@@ -331,7 +332,7 @@ def test_the_local_runtime_makes_one_private_token_per_run_dir(tmp_path) -> None
     assert stack.read_lease_token(other) != token
 
     dd = stack.load_manifest(stack.DEFAULT_MANIFEST)
-    for role in config.ROLES:
+    for role in names.ROLES:
         spec = stack.engine_spec(
             dd,
             role,
@@ -341,7 +342,7 @@ def test_the_local_runtime_makes_one_private_token_per_run_dir(tmp_path) -> None
             base_env={},
             lease_token=token,
         )
-        assert spec.env[config.LEASE_TOKEN_ENV] == token
+        assert spec.env[names.LEASE_TOKEN_ENV] == token
     settings = stack.router_settings(dd, stack.LocalPorts(), lease_token_file=str(path))
     assert settings["lease_token_file"] == str(path)
 
@@ -362,35 +363,35 @@ async def test_claim_answers_held_and_gone_and_a_claimed_lease_never_yields(work
         "a"
     ]  # under pressure: "a" yields first
     client = FakeEngineClient(book=book)
-    path = f"{config.LEASE_PATH}/claim"
+    path = f"{names.LEASE_PATH}/claim"
     status, body = await call(app(), "POST", path, {"request_ids": ["a", "b", "x"]}, client=client)
     assert (status, body) == (200, {"held": ["b"], "gone": ["a", "x"]})
     assert book.yielding(10, lambda rid: 2, time.perf_counter()) == [
         "c"
     ]  # "b" is claimed: only "c" may yield
-    path = f"{config.LEASE_PATH}/unclaim"
+    path = f"{names.LEASE_PATH}/unclaim"
     status, body = await call(app(), "POST", path, {"request_ids": ["b"]}, client=client)
     assert (status, body) == (200, {"unclaimed": ["b"]})
 
 
 async def test_get_reports_the_retained_state_beside_the_held_leases(worker) -> None:
     client = FakeEngineClient(book=book_with("a", "b"))
-    status, body = await call(app(), "GET", config.LEASE_PATH, client=client)
+    status, body = await call(app(), "GET", names.LEASE_PATH, client=client)
     assert status == 200 and body["held"] == 2
     assert body["retained"]["retained"] == 2 and body["retained"]["retained_blocks"] == 4
 
 
 async def test_claims_on_an_engine_without_a_book_are_501(worker) -> None:
-    path = f"{config.LEASE_PATH}/claim"
+    path = f"{names.LEASE_PATH}/claim"
     status, body = await call(app(), "POST", path, {"request_ids": ["a"]})
     assert status == 501 and body["error"]["type"] == "not_supported"
-    status, body = await call(app(), "GET", config.LEASE_PATH)
+    status, body = await call(app(), "GET", names.LEASE_PATH)
     assert status == 200 and "retained" not in body
 
 
 async def test_a_renewal_moves_the_lease_back_in_the_yield_order(worker) -> None:
     book = book_with("held-1", "held-2")
-    path = f"{config.LEASE_PATH}/renew"
+    path = f"{names.LEASE_PATH}/renew"
     client = FakeEngineClient(book=book)
     status, _ = await call(app(), "POST", path, {"request_ids": ["held-1"]}, client=client)
     assert status == 200

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import REGISTRY, generate_latest
 
 from boomerang.connector import revision
-from boomerang.connector.config import ENGINE_REVISION_ENV, ENGINE_REVISION_METRIC
+from boomerang.facts.engine import ENGINE_REVISION_ENV, ENGINE_REVISION_METRIC
 
 
 def test_no_revision_is_published_without_the_env() -> None:

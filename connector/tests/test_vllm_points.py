@@ -18,8 +18,8 @@ from prometheus_client import REGISTRY, generate_latest
 from vllm_source_testing import WheelSource
 
 from boomerang.connector import plugin, vllm_points
-from boomerang.connector.config import ENGINE_CAPABILITY_METRIC
 from boomerang.connector.vllm_points import Point
+from boomerang.facts.engine import ENGINE_CAPABILITY_METRIC
 
 SOURCE = """
 import functools

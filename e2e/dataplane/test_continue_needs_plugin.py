@@ -18,7 +18,7 @@ import pytest
 from dataplane.restart import restart_decoder
 from dataplane.turns import counted, moved, reference, reuse, router_completion, same, words
 
-from boomerang.connector.config import CAPABILITIES
+from boomerang.facts.engine import CAPABILITIES
 from boomerang.local.engine_client import scrape, totals
 from boomerang.router.engines.health import capabilities_from_metrics
 

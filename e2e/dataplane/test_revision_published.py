@@ -16,11 +16,7 @@ import pytest
 from dataplane.restart import restart_decoder
 from dataplane.turns import counted, reference, reuse, router_completion, same, words
 
-from boomerang.connector.config import (
-    CONTINUE_CAPABILITY,
-    ENGINE_REVISION_ENV,
-    PRESSURE_CAPABILITY,
-)
+from boomerang.facts.engine import CONTINUE_CAPABILITY, ENGINE_REVISION_ENV, PRESSURE_CAPABILITY
 from boomerang.local.engine_client import scrape, totals
 from boomerang.operator import render
 from boomerang.router.engines.health import capabilities_from_metrics, revision_from_metrics

@@ -18,7 +18,7 @@ import pdclient
 import pytest
 from production.stacks import answer, completion, manifest
 
-from boomerang.connector import router_state
+from boomerang.facts import state as router_state
 from boomerang.local.engine_client import totals
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]

@@ -8,7 +8,7 @@ from typing import Any
 
 from dd_testing import deployment
 
-from boomerang.connector.config import ENGINE_REVISION_ENV, Role
+from boomerang.facts.engine import ENGINE_REVISION_ENV, Role
 from boomerang.operator import engines, render, revisions
 from boomerang.operator.children import desired_children
 from boomerang.router.engines.endpoints import Endpoint, pairable, partners

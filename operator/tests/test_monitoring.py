@@ -30,7 +30,7 @@ from monitoring_testing import (
     rules,
 )
 
-from boomerang.connector.config import HTTP_PORT
+from boomerang.facts.engine import HTTP_PORT
 from boomerang.operator import metrics, render
 from boomerang.operator.children import desired_children
 from boomerang.router.metrics import Metrics

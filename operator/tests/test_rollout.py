@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from dd_testing import deployment
 
-from boomerang.connector.config import Role
+from boomerang.facts.engine import Role
 from boomerang.operator import engines
 from boomerang.operator.api import DisaggregatedDeployment
 from boomerang.operator.rollout import decode_held, release_due, rolled_out

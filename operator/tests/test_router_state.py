@@ -14,7 +14,7 @@ from aiohttp.test_utils import TestServer
 from test_operator_tuning import STATE
 from test_reconcile import NOW, MemoryKube, body
 
-from boomerang.connector import router_state
+from boomerang.facts import state as router_state
 from boomerang.operator import handlers, routerstate
 from boomerang.operator.reconcile import StatusGate, reconcile
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from aiohttp import web
 
-from boomerang.connector.config import LEASE_PATH
+from boomerang.facts.engine import LEASE_PATH
 
 
 def add_routes(app: web.Application, spec: Any) -> None:

@@ -52,7 +52,7 @@ from fake_tokenizer import (
     reply_for,
 )
 
-from boomerang.connector.config import (
+from boomerang.facts.engine import (
     CONTINUE_CAPABILITY,
     ENGINE_CAPABILITY_METRIC,
     ENGINE_REVISION_METRIC,

@@ -13,7 +13,7 @@ from fake_leases import yield_lease
 from router_testing import chat, d_caches, filed, held_tokens, post
 from test_paths import ADAPTIVE, SLOW_P, router_of
 
-from boomerang.connector.config import CONTINUE_CAPABILITY, PRESSURE_CAPABILITY
+from boomerang.facts.engine import CONTINUE_CAPABILITY, PRESSURE_CAPABILITY
 from boomerang.router.apis.protocol import CONTINUE_PARAMS
 
 TOKEN = "lease-token"

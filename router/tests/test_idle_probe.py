@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from router_testing import chat, post
 
-from boomerang.connector import router_state
+from boomerang.facts import state as router_state
 from boomerang.router.app import ROUTER
 from boomerang.router.engines.endpoints import Endpoint
 from boomerang.router.engines.health import histogram_totals

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from router_testing import chat, filed, post
 
-from boomerang.connector.config import ENGINE_REVISION_METRIC
+from boomerang.facts.engine import ENGINE_REVISION_METRIC
 from boomerang.router.app import ROUTER
 from boomerang.router.engines.endpoints import Endpoint, Pool, compatible, pairable, partners
 from boomerang.router.engines.health import capabilities_from_metrics, revision_from_metrics

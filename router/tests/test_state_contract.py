@@ -1,5 +1,5 @@
 """The router's state document and the operator's reading of it share one description
-(`boomerang.connector.router_state`): a real router, after real turns on the fake engines,
+(`boomerang.facts.state`): a real router, after real turns on the fake engines,
 answers a document the operator turns into status fields."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 from test_paths import ADAPTIVE, conversation
 
-from boomerang.connector import router_state
+from boomerang.facts import state as router_state
 from boomerang.operator import tuning
 from boomerang.router.learning.costmodel import Path
 

@@ -31,7 +31,6 @@ import os
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
-from boomerang.connector.config import LEASE_PATH, LEASE_TOKEN_ENV
 from boomerang.connector.leases import (
     MAX_BODY_BYTES,
     RPC_TIMEOUT_S,
@@ -41,6 +40,7 @@ from boomerang.connector.leases import (
     parse_request,
 )
 from boomerang.connector.pressure import UTILITY
+from boomerang.facts.engine import LEASE_PATH, LEASE_TOKEN_ENV
 
 RELEASED_METRIC = "boomerang_engine_leases_released_total"
 RENEWED_METRIC = "boomerang_engine_leases_renewed_total"

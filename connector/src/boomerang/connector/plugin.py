@@ -39,7 +39,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 from boomerang.connector import vllm_points
-from boomerang.connector.config import (
+from boomerang.facts.engine import (
     CONTINUE_CAPABILITY,
     ENGINE_CAPABILITY_METRIC,
     STREAMS_PARAMS_SINCE,
@@ -140,7 +140,7 @@ def register() -> None:
         pressure,
         revision,
     )
-    from boomerang.connector.config import PRESSURE_CAPABILITY
+    from boomerang.facts.engine import PRESSURE_CAPABILITY
 
     version = str(getattr(vllm, "__version__", "0"))
     if (published := revision.publish()) is not None:

@@ -32,8 +32,8 @@ import time
 from typing import Any
 
 from boomerang.connector import idle_loop, leases
-from boomerang.connector.config import LEASE_TOKEN_ENV
 from boomerang.connector.retained import RetainedBook, blocks_for
+from boomerang.facts.engine import LEASE_TOKEN_ENV
 
 log = logging.getLogger("boomerang.connector.pressure")
 

@@ -26,7 +26,7 @@ import inspect
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from boomerang.connector.config import STREAMS_PARAMS_SINCE
+from boomerang.facts.engine import STREAMS_PARAMS_SINCE
 
 SUPPORTED_VLLM = ("0.32.0", "0.33.0", "0.34.0")
 """The vLLM releases whose sources were checked against every point (the GPU wheels on PyPI; the

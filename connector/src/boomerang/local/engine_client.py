@@ -22,7 +22,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from boomerang.connector.config import LEASE_PATH
+from boomerang.facts.engine import LEASE_PATH
 
 BY_SOURCE = "vllm:prompt_tokens_by_source"
 """vLLM's counter of prompt tokens by where they came from (its samples end in `_total`)."""

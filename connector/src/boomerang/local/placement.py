@@ -31,8 +31,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from boomerang.connector import config as connector
-from boomerang.connector.config import Role
+from boomerang.facts import engine as names
+from boomerang.facts.engine import Role
 
 MAX_PORT = 65535
 
@@ -45,8 +45,8 @@ class LocalPorts:
     router: int = 8080
     prefill: int = 8100
     decode: int = 8200
-    prefill_side_channel: int = connector.SIDE_CHANNEL_PORTS["prefill"]
-    decode_side_channel: int = connector.SIDE_CHANNEL_PORTS["decode"]
+    prefill_side_channel: int = names.SIDE_CHANNEL_PORTS["prefill"]
+    decode_side_channel: int = names.SIDE_CHANNEL_PORTS["decode"]
 
     def http(self, role: Role, index: int = 0) -> int:
         return (self.prefill if role == "prefill" else self.decode) + index
@@ -102,7 +102,7 @@ def role_cores(counts: Mapping[Role, int], cpus: Sequence[int]) -> dict[Role, li
 def plan(counts: Mapping[Role, int], ports: LocalPorts, cpus: Sequence[int]) -> list[Replica]:
     """Every replica of both roles with its ports and core, prefill first. Raises
     PlacementError for counts this machine cannot run."""
-    for role in connector.ROLES:
+    for role in names.ROLES:
         if counts[role] < 1:
             raise PlacementError(f"spec.{role}.replicas must be at least 1, got {counts[role]}")
     cores = role_cores(counts, cpus)
@@ -114,7 +114,7 @@ def plan(counts: Mapping[Role, int], ports: LocalPorts, cpus: Sequence[int]) -> 
             side_channel_port=ports.side_channel(role, i),
             cpu=cores[role][i % len(cores[role])],
         )
-        for role in connector.ROLES
+        for role in names.ROLES
         for i in range(counts[role])
     ]
     _check_ports(replicas, ports)
@@ -124,8 +124,8 @@ def plan(counts: Mapping[Role, int], ports: LocalPorts, cpus: Sequence[int]) -> 
 def _check_ports(replicas: Sequence[Replica], ports: LocalPorts) -> None:
     owner: dict[int, str] = {ports.router: "the router"}
     for r in replicas:
-        events = r.http_port + connector.KV_EVENTS_PORT_OFFSET
-        replay = r.http_port + connector.KV_REPLAY_PORT_OFFSET
+        events = r.http_port + names.KV_EVENTS_PORT_OFFSET
+        replay = r.http_port + names.KV_REPLAY_PORT_OFFSET
         for kind, port in (
             ("HTTP", r.http_port),
             ("NIXL side-channel", r.side_channel_port),

@@ -27,11 +27,11 @@ from typing import Any
 
 import yaml
 
-from boomerang.connector import config as connector
-from boomerang.connector.config import Role
 from boomerang.connector.engine_venv import engine_command
 from boomerang.connector.engine_venv import ensure as ensure_venv
 from boomerang.connector.model import cache_root
+from boomerang.facts import engine as names
+from boomerang.facts.engine import Role
 from boomerang.local import calibrate, placement, processes
 from boomerang.local.placement import LocalPorts as LocalPorts
 from boomerang.local.placement import Replica
@@ -74,7 +74,7 @@ def engine_local_env(side_channel_port: int, cpu: int) -> dict[str, str]:
 
 def replica_counts(dd: Any) -> dict[Role, int]:
     """How many engines of each role the manifest asks for."""
-    return {role: getattr(dd.spec, role).replicas for role in connector.ROLES}
+    return {role: getattr(dd.spec, role).replicas for role in names.ROLES}
 
 
 def engine_spec(
@@ -100,7 +100,7 @@ def engine_spec(
     local = engine_local_env(ports.side_channel(role, index), core)
     env = {**base_env, **render.engine_env(dd, role), **local}
     if lease_token:
-        env[connector.LEASE_TOKEN_ENV] = lease_token
+        env[names.LEASE_TOKEN_ENV] = lease_token
     name = f"{role}-{index}"
     return processes.ProcessSpec(
         name=name,
@@ -121,7 +121,7 @@ def router_settings(dd: Any, ports: LocalPorts, **overrides: Any) -> dict[str, A
     counts = replica_counts(dd)
     prefill, decode = (
         {"urls": [f"http://127.0.0.1:{ports.http(role, i)}" for i in range(counts[role])]}
-        for role in connector.ROLES
+        for role in names.ROLES
     )
     data = render.router_config(dd, prefill, decode)
     data.update(listen_host="127.0.0.1", listen_port=ports.router, log_json=False)
@@ -236,9 +236,7 @@ def up(manifest: Path, ports: LocalPorts | None = None, log: Any = print) -> str
     ]
     endpoint = f"http://127.0.0.1:{ports.router}/v1"
     state = {"name": dd.name, "endpoint": endpoint, "model": dd.spec.model.served_name}
-    state["engines"] = {
-        role: [r.url for r in replicas if r.role == role] for role in connector.ROLES
-    }
+    state["engines"] = {role: [r.url for r in replicas if r.role == role] for role in names.ROLES}
     state["processes"] = []
     try:
         # Engines first (they start together), the router once they answer: it would otherwise

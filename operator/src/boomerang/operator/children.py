@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from boomerang.connector.config import ROLES
+from boomerang.facts.engine import ROLES
 from boomerang.operator import engines, policy, routing
 from boomerang.operator.api import API_VERSION, KIND, DisaggregatedDeployment
 

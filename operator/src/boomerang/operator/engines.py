@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from boomerang.connector.config import (
+from boomerang.facts.engine import (
     HTTP_PORT,
     KV_EVENTS_PORT_OFFSET,
     KV_REPLAY_PORT_OFFSET,

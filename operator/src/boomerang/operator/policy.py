@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from boomerang.connector.config import HTTP_PORT, ROLES
+from boomerang.facts.engine import HTTP_PORT, ROLES
 from boomerang.operator import render
 from boomerang.operator.api import DisaggregatedDeployment
 

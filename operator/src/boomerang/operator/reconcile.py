@@ -35,7 +35,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from boomerang.connector.config import ROLES
+from boomerang.facts.engine import ROLES
 from boomerang.operator import (
     engines,
     leasetoken,

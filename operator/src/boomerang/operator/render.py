@@ -14,8 +14,10 @@ import json
 from typing import Any
 
 from boomerang.connector import config as connector
-from boomerang.connector import router_state
-from boomerang.connector.config import EngineSettings, KVTransferSettings, Role
+from boomerang.connector.config import EngineSettings, KVTransferSettings
+from boomerang.facts import engine as names
+from boomerang.facts import state as router_state
+from boomerang.facts.engine import Role
 from boomerang.operator.api import DisaggregatedDeployment, EnvVar, RoleSpec, parse_duration
 
 MANAGER = "boomerang-operator"
@@ -34,7 +36,7 @@ CHAT_TEMPLATE_DIR = "/etc/boomerang/chat-template"
 MODEL_FILE = "model://"
 """How an engine argument names a file in the model (the entrypoint resolves it)."""
 
-LEASE_TOKEN_ENV = connector.LEASE_TOKEN_ENV
+LEASE_TOKEN_ENV = names.LEASE_TOKEN_ENV
 """Where engines (their lease API) and the router read the lease token."""
 LEASE_TOKEN_KEY = "token"
 
@@ -131,7 +133,7 @@ def engine_env(dd: DisaggregatedDeployment, role: Role) -> dict[str, str]:
     engine publishes, so the router can pair P and D of one revision), then the user's (user
     wins)."""
     env = connector.engine_env(role, kv_settings(dd, role), efa=dd.spec.uses_efa)
-    env[connector.ENGINE_REVISION_ENV] = engine_revision(dd)
+    env[names.ENGINE_REVISION_ENV] = engine_revision(dd)
     for var in user_env(dd, role):
         if var.value is not None:
             env[var.name] = var.value
@@ -178,7 +180,7 @@ def router_config(
 
     def discovered(role: Role) -> dict[str, Any]:
         service = {"namespace": dd.namespace, "service": child_name(dd, role)}
-        return {"kubernetes": {**service, "port": connector.HTTP_PORT}}
+        return {"kubernetes": {**service, "port": names.HTTP_PORT}}
 
     store = dd.spec.router.store
     config: dict[str, Any] = {

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from boomerang.connector.config import ROLES, Role
+from boomerang.facts.engine import ROLES, Role
 from boomerang.operator import render, scaler_api
 from boomerang.operator.api import API_VERSION, DisaggregatedDeployment
 from boomerang.operator.kube import KubeAPI, KubeError

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from boomerang.connector.config import ROLES
+from boomerang.facts.engine import ROLES
 from boomerang.operator import engines, render, revisions, rollout, scaling, tuning
 from boomerang.operator.api import (
     Condition,

@@ -16,7 +16,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from boomerang.connector import router_state as state
+from boomerang.facts import state
 from boomerang.operator.api import DisaggregatedDeployment
 
 LEARNED_FIELDS = (
@@ -67,7 +67,7 @@ def path_shares(paths: Any) -> dict[str, int] | None:
 
 
 def learned(doc: Any) -> dict[str, Any] | None:
-    """The status fields in the router's state document (`router_state`); None when the
+    """The status fields in the router's state document (`boomerang.facts.state`); None when the
     router does not run adaptive (it has not reloaded its tuning yet) or its answer is not a
     state object. Values missing or malformed in it are left out."""
     if not isinstance(doc, Mapping) or doc.get(state.MODE) != "adaptive":

@@ -28,7 +28,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from boomerang.connector import router_state
+from boomerang.facts import state as router_state
 from boomerang.router import apis, auth, logs
 from boomerang.router import conversation as conv
 from boomerang.router.admission import InflightLimit, Overloaded

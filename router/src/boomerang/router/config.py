@@ -21,8 +21,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from boomerang import facts
-from boomerang.connector.config import KV_EVENTS_PORT_OFFSET, KV_REPLAY_PORT_OFFSET
 from boomerang.facts import P_DECLINE_WINDOW_S, default_handle_ttl
+from boomerang.facts.engine import KV_EVENTS_PORT_OFFSET, KV_REPLAY_PORT_OFFSET
 
 DEFAULT_SESSION_HEADERS = (
     "x-claude-code-session-id",

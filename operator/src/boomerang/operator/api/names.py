@@ -7,7 +7,7 @@ admission rules alike, and none of them depends on the spec's types.
 
 from __future__ import annotations
 
-from boomerang.connector.config import ROLES
+from boomerang.facts.engine import ROLES
 
 GROUP = "boomerang.dev"
 VERSION = "v1alpha1"

@@ -14,12 +14,8 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from boomerang import facts
-from boomerang.connector.config import (
-    MODEL_SOURCE_RE,
-    MODEL_SOURCE_SHAPES,
-    Role,
-    model_source_error,
-)
+from boomerang.connector.config import MODEL_SOURCE_RE, MODEL_SOURCE_SHAPES, model_source_error
+from boomerang.facts.engine import Role
 from boomerang.operator import cel
 from boomerang.operator.api.durations import DURATION_RE, NS_PER_S, duration_ns
 from boomerang.operator.api.names import DNS_LABEL_MAX, MAX_NAME_LENGTH

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from boomerang.connector.config import STREAMS_PARAMS_SINCE
+from boomerang.facts.engine import STREAMS_PARAMS_SINCE
 from boomerang.router.config import RouterConfig
 from boomerang.router.engines.endpoints import Endpoint
 

@@ -17,7 +17,7 @@ import logging
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from boomerang.connector.config import ENGINE_CAPABILITY_METRIC, ENGINE_REVISION_METRIC
+from boomerang.facts.engine import ENGINE_CAPABILITY_METRIC, ENGINE_REVISION_METRIC
 from boomerang.router.config import RouterConfig
 from boomerang.router.engines.endpoints import Endpoint, Pool
 from boomerang.router.engines.upstream import (

@@ -30,7 +30,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from boomerang.connector import router_state as state
+from boomerang.facts import state
 from boomerang.router.config import RouterConfig
 from boomerang.router.engines.endpoints import Joined
 from boomerang.router.learning.costmodel import (

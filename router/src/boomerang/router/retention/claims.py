@@ -24,7 +24,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any, Literal
 
-from boomerang.connector.config import PRESSURE_CAPABILITY
+from boomerang.facts.engine import PRESSURE_CAPABILITY
 from boomerang.router.conversation import Handle
 from boomerang.router.engines.endpoints import Endpoint
 from boomerang.router.metrics import Metrics

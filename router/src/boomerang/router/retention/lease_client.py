@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from boomerang.connector.config import LEASE_PATH, LEASE_TOKEN_ENV
+from boomerang.facts.engine import LEASE_PATH, LEASE_TOKEN_ENV
 from boomerang.router.config import RouterConfig
 from boomerang.router.engines.upstream import (
     EngineClient,

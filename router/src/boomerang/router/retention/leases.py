@@ -32,8 +32,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from boomerang.connector import router_state as state
-from boomerang.facts import default_handle_ttl
+from boomerang.facts import default_handle_ttl, state
 from boomerang.router import params_codec
 from boomerang.router.apis import hints
 from boomerang.router.config import RouterConfig

@@ -28,7 +28,7 @@ from typing import Any
 
 from aiohttp import web
 
-from boomerang.connector.config import CONTINUE_CAPABILITY
+from boomerang.facts.engine import CONTINUE_CAPABILITY
 from boomerang.router import apis
 from boomerang.router import conversation as conv
 from boomerang.router.apis.validation import ClientRequest

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from boomerang.connector import router_state
+from boomerang.facts import state as router_state
 from boomerang.router import apis
 from boomerang.router import conversation as conv
 from boomerang.router.apis import DecodeResult, protocol

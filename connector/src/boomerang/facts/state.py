@@ -1,8 +1,8 @@
 """The router's state document, `GET /boomerang/v1/state`: its one description.
 
 Why here: the router writes it and the operator reads it (status shows what an Adaptive router
-learned), and the two must agree on every name; the connector package is the one both may
-import (`make lint` checks the layers). Pure constants and one pure check, no I/O.
+learned), and the two must agree on every name; the shared facts are the one package both
+import (`make lint` checks that it imports neither). Pure constants and one pure check, no I/O.
 """
 
 from __future__ import annotations
