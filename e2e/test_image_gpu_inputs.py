@@ -10,7 +10,7 @@ import re
 
 from images.build import DOCKERFILES, GPU, GPU_PINS, HERE, LIBFABRIC, REPO
 
-ENGINE_PINS = REPO / "connector" / "src" / "boomerang" / "connector" / "requirements-engine.txt"
+ENGINE_PINS = REPO / "connector/src/boomerang/connector/launch/requirements-engine.txt"
 
 
 def pins(path: str) -> dict[str, str]:

@@ -71,14 +71,15 @@ import json, shutil, sys
 from importlib.metadata import entry_points
 import torch, vllm, nixl
 from nixl._api import nixl_agent
-import boomerang.connector, boomerang.connector.engine_venv, boomerang.connector.plugin
+import boomerang.connector, boomerang.connector.launch.engine_venv
+import boomerang.connector.plugin.register
 plugins = {ep.name: ep for ep in entry_points(group="vllm.general_plugins")}
 register = plugins["boomerang_stream_params"].load()
 print(json.dumps({
     "python": sys.executable, "vllm": vllm.__file__, "connector": boomerang.connector.__file__,
     "nixl_build": nixl._pkg.__name__, "cuda": torch.version.cuda, "register": callable(register),
     "engine": shutil.which("boomerang-engine"),
-    "missing": boomerang.connector.engine_venv.missing_system_needs(),
+    "missing": boomerang.connector.launch.engine_venv.missing_system_needs(),
 }))
 """
 

@@ -22,7 +22,7 @@ from typing import Any
 import agent_workload as aw
 import pdclient
 
-from boomerang.connector.model import corpus
+from boomerang.connector.launch.model import corpus
 
 TOOL = {
     "type": "function",

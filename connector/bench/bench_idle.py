@@ -1,5 +1,5 @@
 """What a decoder that retains blocks and serves nothing costs in CPU, with the idle wait on and
-off (`BOOMERANG_IDLE_STEP_S`, `boomerang.connector.idle_loop`).
+off (`BOOMERANG_IDLE_STEP_S`, `boomerang.connector.plugin.idle_loop`).
 
 For each mode: start P and D as `boomerang up` does (tiny model, D's TTL 480 s), run a two-turn
 chat straight against the engines (`pdclient`: turn 2 pulls turn 1's blocks back from D, and D
@@ -29,7 +29,7 @@ import pdclient
 import proc_cpu
 from bench_ttft import REPO, bench_manifest, start_engines, stop_all
 
-from boomerang.connector.idle_policy import DEFAULT_IDLE_STEP_S, ENV_IDLE_STEP
+from boomerang.connector.plugin.idle_policy import DEFAULT_IDLE_STEP_S, ENV_IDLE_STEP
 from boomerang.facts.engine import LEASE_PATH
 from boomerang.local import stack
 from boomerang.local.engine_client import samples

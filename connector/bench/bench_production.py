@@ -77,7 +77,7 @@ from production_modes import (
     order,
 )
 
-from boomerang.connector.model import corpus, model_dir
+from boomerang.connector.launch.model import corpus, model_dir
 from boomerang.local import calibrate, processes, stack
 from boomerang.local.revision import source_revision as source_revision
 

@@ -68,7 +68,7 @@ from production_engines import Engines, engines, retained_blocks
 from production_engines import manifest as regime_manifest
 from production_modes import REGIMES, Workload, generator_config
 
-from boomerang.connector.model import corpus, model_dir
+from boomerang.connector.launch.model import corpus, model_dir
 from boomerang.local import engine_client, processes, stack
 from boomerang.router.engines.health import block_size_from_metrics, kv_blocks_from_metrics
 

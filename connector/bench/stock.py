@@ -14,7 +14,7 @@ One change of the environment, not of vLLM: on the CPU platform vLLM's NixlConne
 worker's main thread to the highest core of every NUMA node it reads from sysfs. Two engines on
 one machine would both land on that core while the other idles, a starvation no pod with its
 own cores sees. Boomerang's engines get the engine's own core through its plugin
-(`boomerang.connector.cpu_pinning`); a stock engine instead runs in a private mount namespace
+(`boomerang.connector.plugin.cpu_pinning`); a stock engine instead runs in a private mount namespace
 where `/sys/devices/system/node/node0` lists only its core (`unshare -m` and a bind mount):
 the topology a one-core machine would show. Both sets are then placed alike: the worker on its
 core (`VLLM_CPU_OMP_THREADS_BIND`), the API server and engine core where the kernel puts them.
@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from boomerang.connector.entrypoint import build_command
+from boomerang.connector.launch.entrypoint import build_command
 from boomerang.local import processes
 
 VLLM_SERVER = ("-m", "vllm.entrypoints.openai.api_server")

@@ -15,7 +15,7 @@
 # checks with `ldd` that every library of the plugin resolves, and with `readelf -V` that the
 # libfabric.so.1 it resolves defines every symbol version the plugin needs (NIXL 1.5.1's plugin
 # needs FABRIC_1.10: libfabric >= 2.7, hence the Dockerfile's pin of the installer;
-# boomerang.connector.image_check).
+# boomerang.connector.launch.image_check).
 #
 #   bash libfabric.sh [install]   # in the image build, as root
 #   bash libfabric.sh verify      # anywhere with curl and gpgv: fetch and verify the pinned

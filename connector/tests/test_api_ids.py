@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any
 
-from boomerang.connector.api_ids import (
+from boomerang.connector.plugin.api_ids import (
     ChatStreamTap,
     asks_for_transfer,
     cached_of,
@@ -148,7 +148,7 @@ def test_cached_tokens_are_read_from_a_dict_or_vllm_s_model() -> None:
 
 
 def test_a_messages_answer_gets_the_chat_answer_s_cached_tokens() -> None:
-    from boomerang.connector.api_ids import _wrap_full_converter
+    from boomerang.connector.plugin.api_ids import _wrap_full_converter
 
     def original(self: Any, generator: Any) -> Any:
         return SimpleNamespace(usage=SimpleNamespace(cache_read_input_tokens=None))

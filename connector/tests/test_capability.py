@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY, generate_latest
 
-from boomerang.connector import capability
+from boomerang.connector.plugin import capability
 from boomerang.facts.engine import CONTINUE_CAPABILITY, ENGINE_CAPABILITY_METRIC
 
 

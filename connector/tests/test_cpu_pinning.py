@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from boomerang.connector.cpu_pinning import ENV_KV_CPUS, kv_cpus
+from boomerang.connector.plugin.cpu_pinning import ENV_KV_CPUS, kv_cpus
 
 
 def test_unset_keeps_vllms_own_choice() -> None:

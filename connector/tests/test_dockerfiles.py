@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from boomerang.connector import vllm_points
+from boomerang.connector.plugin import vllm_points
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,7 +46,8 @@ def test_engine_image_runs_the_tested_entrypoint_and_pins_its_versions() -> None
     assert f"ARG VLLM_IMAGE=vllm/vllm-openai:v{newest}" in text  # the newest that passes
     assert "ARG NIXL_VERSION=1.5.1" in text
     assert "nixl-cu12==" not in text and "nixl-cu13==" not in text  # chosen by torch's CUDA
-    assert 'RUN python3 -m boomerang.connector.image_check --libfabric "${LIBFABRIC}"\n' in text
+    check = 'RUN python3 -m boomerang.connector.launch.image_check --libfabric "${LIBFABRIC}"\n'
+    assert check in text
     assert 'ENTRYPOINT ["boomerang-engine", "--"]' in text
 
 

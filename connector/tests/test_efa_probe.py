@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from boomerang.connector import config
-from boomerang.connector.efa_probe import probe
+from boomerang.connector.launch.efa_probe import probe
 
 
 class Agent:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from boomerang.connector import engine_venv
+from boomerang.connector.launch import engine_venv
 
 
 def test_a_checkouts_egg_info_on_sys_path_is_not_taken_for_the_installation(

@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-from boomerang.connector import config, model
-from boomerang.connector.entrypoint import (
+from boomerang.connector import config
+from boomerang.connector.launch import model
+from boomerang.connector.launch.entrypoint import (
     UsageError,
     build_command,
     hub_template,
@@ -158,7 +159,7 @@ def test_sigterm_is_forwarded_to_the_server_which_drains(tmp_path) -> None:
     runner.write_text(
         textwrap.dedent(f"""
         import sys
-        from boomerang.connector.entrypoint import run
+        from boomerang.connector.launch.entrypoint import run
         sys.exit(run([sys.executable, {str(server)!r}], {{}}))
     """)
     )
@@ -236,7 +237,7 @@ def _run_stand_in(tmp_path, exit_code: int, termination_log) -> subprocess.Compl
         textwrap.dedent(f"""
         import sys
         from pathlib import Path
-        from boomerang.connector.entrypoint import run
+        from boomerang.connector.launch.entrypoint import run
         sys.exit(run([sys.executable, {str(server)!r}], {{}}, Path({str(termination_log)!r})))
     """)
     )

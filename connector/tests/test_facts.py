@@ -13,7 +13,7 @@ from boomsim.policies import Settings
 
 from boomerang import facts
 from boomerang.connector.config import KVTransferSettings
-from boomerang.connector.leases import DEFAULT_CEILING_S
+from boomerang.connector.plugin.leases import DEFAULT_CEILING_S
 from boomerang.operator.api import DisaggregatedDeployment
 from boomerang.router.config import RouterConfig, Tuning
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from boomerang.connector import idle_loop
-from boomerang.connector.idle_policy import DEFAULT_IDLE_STEP_S
+from boomerang.connector.plugin import idle_loop
+from boomerang.connector.plugin.idle_policy import DEFAULT_IDLE_STEP_S
 
 PERIOD = 0.3
 
@@ -216,7 +216,7 @@ def test_apply_patches_vllms_engine_loop_once_and_zero_turns_it_off(
 def test_the_lease_apis_reads_and_claims_need_no_step_but_a_yield_does(
     op: str, quiet: bool
 ) -> None:
-    from boomerang.connector import pressure
+    from boomerang.connector.plugin import pressure
 
     owner = types.SimpleNamespace()
     connector = types.SimpleNamespace(connector_scheduler=owner)

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from boomerang.connector.idle_policy import (
+from boomerang.connector.plugin.idle_policy import (
     DEFAULT_IDLE_STEP_S,
     LoopFacts,
     idle_step_s,

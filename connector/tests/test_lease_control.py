@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from boomerang.connector import config, lease_api, leases, pressure
-from boomerang.connector.retained import RetainedBook
+from boomerang.connector import config
+from boomerang.connector.plugin import lease_api, leases, pressure
+from boomerang.connector.plugin.retained import RetainedBook
 from boomerang.facts import engine as names
 
 TOKEN = "s3cret-token"

@@ -31,7 +31,7 @@ def test_engine_runs_the_rendered_args_with_local_host_and_port(dd, role, tmp_pa
         dd, role, engine_venv=tmp_path / "venv", ports=ports, run_dir=tmp_path, base_env={}
     )
     python = str(tmp_path / "venv" / "bin" / "python")
-    assert spec.cmd[:4] == [python, "-m", "boomerang.connector.entrypoint", "--"]
+    assert spec.cmd[:4] == [python, "-m", "boomerang.connector.launch.entrypoint", "--"]
     args = list(spec.cmd[4:])
     rendered = render.engine_args(dd, role)
     assert args[args.index("--host") + 1] == "127.0.0.1"

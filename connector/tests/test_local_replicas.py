@@ -23,7 +23,7 @@ import pdclient
 import pytest
 import yaml
 
-from boomerang.connector import engine_venv
+from boomerang.connector.launch import engine_venv
 from boomerang.local import processes, stack
 from boomerang.local.engine_client import tokens_by_source, totals
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from boomerang.connector import engine_venv, model
+from boomerang.connector.launch import engine_venv, model
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,7 +51,7 @@ def test_building_twice_gives_identical_files(tmp_path) -> None:
     digests = []
     for run in ("a", "b"):
         env = {**os.environ, "BOOMERANG_CACHE": str(tmp_path / run)}
-        cmd = [python, "-m", "boomerang.connector.model", "tiny"]
+        cmd = [python, "-m", "boomerang.connector.launch.model", "tiny"]
         out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE, text=True)
         folder = Path(out.stdout.strip().splitlines()[-1])
         files = sorted(p for p in folder.iterdir() if p.is_file())

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from boomerang.connector import nixl_quiet
+from boomerang.connector.plugin import nixl_quiet
 
 
 def test_delay_defaults_to_one_millisecond_and_zero_disables() -> None:

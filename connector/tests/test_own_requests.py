@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from boomerang.connector import own_requests
+from boomerang.connector.plugin import own_requests
 
 
 class FakeScheduler:

@@ -7,7 +7,7 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
-from boomerang.connector.plugin import needs_patch, with_params, wrap_stream_generator
+from boomerang.connector.plugin.register import needs_patch, with_params, wrap_stream_generator
 
 PARAMS = {"do_remote_decode": True, "remote_block_ids": [1, 2]}
 

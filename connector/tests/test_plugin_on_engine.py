@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from boomerang.connector import engine_venv
+from boomerang.connector.launch import engine_venv
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
@@ -19,7 +19,7 @@ PROBE = """
 import json, logging, sys
 import vllm
 from prometheus_client import REGISTRY, generate_latest
-from boomerang.connector import plugin, vllm_points
+from boomerang.connector.plugin import register as plugin, vllm_points
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import pull_scheduler
 from vllm.entrypoints.openai.chat_completion.serving import OpenAIServingChat
 

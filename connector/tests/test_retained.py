@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from boomerang.connector import leases, pressure
-from boomerang.connector.retained import RetainedBook, blocks_for
+from boomerang.connector.plugin import leases, pressure
+from boomerang.connector.plugin.retained import RetainedBook, blocks_for
 
 NOW = 0.0
 

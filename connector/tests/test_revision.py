@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY, generate_latest
 
-from boomerang.connector import revision
+from boomerang.connector.plugin import revision
 from boomerang.facts.engine import ENGINE_REVISION_ENV, ENGINE_REVISION_METRIC
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from boomerang.connector import engine_venv
+from boomerang.connector.launch import engine_venv
 
 
 def test_a_present_library_is_not_missing(monkeypatch: pytest.MonkeyPatch) -> None:

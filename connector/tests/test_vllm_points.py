@@ -17,8 +17,9 @@ import pytest
 from prometheus_client import REGISTRY, generate_latest
 from vllm_source_testing import WheelSource
 
-from boomerang.connector import plugin, vllm_points
-from boomerang.connector.vllm_points import Point
+from boomerang.connector.plugin import register as plugin
+from boomerang.connector.plugin import vllm_points
+from boomerang.connector.plugin.vllm_points import Point
 from boomerang.facts.engine import ENGINE_CAPABILITY_METRIC
 
 SOURCE = """

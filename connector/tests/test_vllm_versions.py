@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from vllm_source_testing import WheelSource, download
 
-from boomerang.connector import config, vllm_points
+from boomerang.connector import config
+from boomerang.connector.plugin import vllm_points
 
 pytestmark = [pytest.mark.wheels, pytest.mark.timeout(1800)]
 NIXL_PACKAGE = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"

@@ -19,7 +19,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from boomerang.connector.vllm_points import Point, matches
+from boomerang.connector.plugin.vllm_points import Point, matches
 
 Definition = ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef | ast.Assign | ast.AnnAssign
 MAX_DEPTH = 12

@@ -25,7 +25,7 @@ import pytest
 import yaml
 from kube import free_port
 
-from boomerang.connector import engine_venv as engine_venvs
+from boomerang.connector.launch import engine_venv as engine_venvs
 from boomerang.local import processes, stack
 from boomerang.local.engine_client import release_retained, scrape
 

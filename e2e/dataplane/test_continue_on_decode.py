@@ -7,7 +7,7 @@ own cache for the history D holds and computes only the rest; its answer equals 
 computing the whole prompt; and D, with bidirectional transfer on, answers with a fresh handle
 for its blocks, which the next turn's P can pull as after any P/D turn. D's scheduler keeps
 such a request's blocks for the decoder TTL; on 0.32 only Boomerang's plugin makes D's worker
-free them again (`boomerang.connector.own_requests`, `test_own_requests_freed.py`).
+free them again (`boomerang.connector.plugin.own_requests`, `test_own_requests_freed.py`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The decoder's lease API on the real engine (vLLM CPU 0.32, NIXL): release and renew D's
-retained blocks (`boomerang.connector.leases`, loaded by the engine arguments every engine
+retained blocks (`boomerang.connector.plugin.leases`, loaded by the engine arguments every engine
 gets).
 
 What must hold for the router to rely on it: a released handle's blocks are back in D's free
@@ -19,7 +19,7 @@ import pytest
 from dataplane.leasing import eventually, held, metric
 from dataplane.turns import MAX_TOKENS, same, words
 
-from boomerang.connector.lease_api import RELEASED_METRIC, RENEWED_METRIC
+from boomerang.connector.plugin.lease_api import RELEASED_METRIC, RENEWED_METRIC
 from boomerang.local.engine_client import lease_status, samples, scrape
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]

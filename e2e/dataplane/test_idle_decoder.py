@@ -1,5 +1,5 @@
 """A decoder that retains blocks and serves nothing stays idle, and still serves a pull and a
-release at once (`boomerang.connector.idle_loop`, on by default in every engine).
+release at once (`boomerang.connector.plugin.idle_loop`, on by default in every engine).
 
 vLLM's engine loop alone steps about every millisecond while D keeps finished requests' blocks
 for the next turn, and its worker spins on `sched_yield()` after each step: most of a core for
@@ -19,7 +19,7 @@ import pytest
 from dataplane.leasing import eventually, metric
 from dataplane.turns import MAX_TOKENS, same, words
 
-from boomerang.connector.idle_policy import DEFAULT_IDLE_STEP_S
+from boomerang.connector.plugin.idle_policy import DEFAULT_IDLE_STEP_S
 from boomerang.local.engine_client import lease_status, scrape
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]

@@ -1,7 +1,7 @@
 """A request D served alone (the continue path) frees its blocks when its handle is released.
 
 vLLM 0.32 never announced such a request to its NIXL worker, so its retained blocks were never
-freed (`boomerang.connector.own_requests`); with the plugin's fix the lease API releases them
+freed (`boomerang.connector.plugin.own_requests`); with the plugin's fix the lease API releases them
 at once, and P's read of such a handle frees them as for any other handle.
 """
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from boomerang.connector import model
+from boomerang.connector.launch import model
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 

@@ -43,7 +43,7 @@ REPO = HERE.parents[1]
 # Bump to rebuild everything after a change to how images are built here.
 RECIPE = "2"
 NAMES = ("operator", "router", "connector")
-ENGINE_INSTALL = REPO / "connector" / "src" / "boomerang" / "connector"
+ENGINE_INSTALL = REPO / "connector" / "src" / "boomerang" / "connector" / "launch"
 """Where the engine install script and its pins live: the vLLM CPU base's build context."""
 GPU = "connector-gpu"
 """The connector Dockerfile built on a stand-in of vLLM's GPU image (vllm-gpu): its NIXL and

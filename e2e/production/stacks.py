@@ -12,7 +12,7 @@ import pdclient
 import pytest
 import yaml
 
-from boomerang.connector import engine_venv as engine_venvs
+from boomerang.connector.launch import engine_venv as engine_venvs
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_TOKENS = 8

@@ -1,7 +1,7 @@
 """The lease API of Boomerang's vLLM plugin, on the fake decode engine.
 
 Why it exists: the router releases and renews D's retained blocks through D's lease API
-(`boomerang.connector.leases`: the real one runs inside vLLM). This fake keeps its contract:
+(`boomerang.connector.plugin.leases`: the real one runs inside vLLM). This fake keeps its contract:
 `GET /boomerang/v1/leases`, `POST .../release` and `.../renew` with `{"request_ids": [...]}`,
 bearer-token auth (401 wrong or missing, 403 when the engine has no token), JSON errors, and
 the effect on the shared fake fabric: a released request's blocks are gone (a later read of

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from boomerang.connector.retained import RetainedBook
+from boomerang.connector.plugin.retained import RetainedBook
 from boomerang.router.engines.endpoints import Endpoint, LeastWorkAffinity
 from boomerang.router.turn import decode_first
 from boomerang.router.turn.affinity import Affinity, Placement

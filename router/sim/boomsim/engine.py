@@ -4,7 +4,7 @@ Why: the router's decisions are judged by what they do to engines' queues and me
 engine keeps vLLM's scheduling order and nothing else of vLLM. A request is admitted (FCFS, up
 to `max_running`) when its blocks can be found, evicting cached blocks and, on a decoder with
 retained leases, asking leases to yield by the connector's own rules
-(`boomerang.connector.retained.RetainedBook.yielding`); it then loads remote KV (a NIXL read,
+(`boomerang.connector.plugin.retained.RetainedBook.yielding`); it then loads remote KV (a NIXL read,
 off the engine's compute) and joins the waiting queue. Each step serves the running requests
 first (one decode token each), then the waiting ones in order within the token budget
 (chunked prefill), and costs `Profile`'s step time. Steps in which nothing waits and nothing
@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from boomerang.connector.retained import RetainedBook
+from boomerang.connector.plugin.retained import RetainedBook
 from boomsim.kvcache import PINNED, BlockPool, CpuTier
 from boomsim.loop import Loop
 from boomsim.profiles import Profile

@@ -61,15 +61,16 @@ def kv_events_config(http_port: int) -> dict[str, object]:
     }
 
 
-LEASE_MIDDLEWARE = "boomerang.connector.lease_api.LeaseControl"
+LEASE_MIDDLEWARE = "boomerang.connector.plugin.lease_api.LeaseControl"
 """The ASGI middleware serving the lease API in vLLM's API server (`--middleware`)."""
-LEASE_WORKER_EXTENSION = "boomerang.connector.leases.LeaseWorker"
+LEASE_WORKER_EXTENSION = "boomerang.connector.plugin.leases.LeaseWorker"
 """The methods mixed into vLLM's worker that release or renew D's retained blocks
 (`--worker-extension-cls`)."""
 
 
 BUILTIN_MODELS: tuple[str, ...] = ("small", "tiny")
-"""The deterministic test models `boomerang.connector.model` builds (its `SPECS`, tested equal)."""
+"""The deterministic test models `boomerang.connector.launch.model` builds (its `SPECS`, tested
+equal)."""
 
 _NAME = "[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 _DNS_SUBDOMAIN = "[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*"

@@ -52,7 +52,7 @@ STREAMS_PARAMS_SINCE = (0, 33)
 itself; before it, Boomerang's plugin adds them (and the router knows to expect them)."""
 
 LEASE_TOKEN_ENV = "BOOMERANG_LEASE_TOKEN"
-"""The bearer token of the engine's lease API (`boomerang.connector.leases`); unset = the API
+"""The bearer token of the engine's lease API (`boomerang.connector.plugin.leases`); unset = the API
 answers 403 (no control), and the router falls back to D's TTL."""
 LEASE_PATH = "/boomerang/v1/leases"
 """Where the lease API lives on the engine's HTTP port: GET it, POST `/release` and `/renew`."""

@@ -6,7 +6,7 @@ machine, so it decides those things itself, here: replica `i` of a role listens 
 HTTP and NIXL side-channel base ports plus `i`, and runs on one core.
 
 Cores. vLLM's CPU worker waits for work by spinning on `sched_yield()` for a second after each
-engine step, on the core the NixlConnector pinned it to (`boomerang.connector.cpu_pinning`),
+engine step, on the core the NixlConnector pinned it to (`boomerang.connector.plugin.cpu_pinning`),
 and another engine's runnable worker on that core gets no CPU time meanwhile (0 ticks in 5 s,
 measured on a 6.x kernel). A decoder steps continuously for as long as it retains a finished
 turn's blocks (`decoderBlocksTTL`, 480 s by default), so:

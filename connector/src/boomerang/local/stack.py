@@ -7,7 +7,7 @@ from the same function that fills its ConfigMap. Every replica `spec.prefill.rep
 local is overridden: every listener on 127.0.0.1, ports and a core per replica
 (`boomerang.local.placement`), the NIXL side-channel host 127.0.0.1, logs and pid files under
 the cache directory. One random lease token per run directory (`lease-token`, mode 0600) lets
-the router release and renew D's retained blocks (`boomerang.connector.leases`): the engines
+the router release and renew D's retained blocks (`boomerang.connector.plugin.leases`): the engines
 get it in their environment, the router the file's path (`lease_token_file`). The local stack
 has one endpoint, so it runs one router whatever `spec.router.replicas` says, and says so.
 
@@ -27,9 +27,9 @@ from typing import Any
 
 import yaml
 
-from boomerang.connector.engine_venv import engine_command
-from boomerang.connector.engine_venv import ensure as ensure_venv
-from boomerang.connector.model import cache_root
+from boomerang.connector.launch.engine_venv import engine_command
+from boomerang.connector.launch.engine_venv import ensure as ensure_venv
+from boomerang.connector.launch.model import cache_root
 from boomerang.facts import engine as names
 from boomerang.facts.engine import Role
 from boomerang.local import calibrate, placement, processes
@@ -91,7 +91,7 @@ def engine_spec(
 ) -> processes.ProcessSpec:
     """How to run replica `index` of one role's engine locally, from the operator's rendering
     of the manifest, on core `cpu` (default `PAIR_CORES`); `lease_token` switches on the
-    engine's lease API (`boomerang.connector.leases`)."""
+    engine's lease API (`boomerang.connector.plugin.leases`)."""
     from boomerang.operator import render
 
     port = ports.http(role, index)
@@ -161,7 +161,7 @@ def build_model(engine_venv: Path, source: str, env: Mapping[str, str]) -> None:
     if not source.startswith("builtin://"):
         return
     name = source.removeprefix("builtin://")
-    cmd = [str(engine_venv / "bin" / "python"), "-m", "boomerang.connector.model", name]
+    cmd = [str(engine_venv / "bin" / "python"), "-m", "boomerang.connector.launch.model", name]
     subprocess.run(cmd, check=True, env=dict(env), stdout=subprocess.DEVNULL)
 
 

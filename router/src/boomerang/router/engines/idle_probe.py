@@ -30,7 +30,7 @@ too tight for the continues the goodput's bound allowed.
 The cost model keeps the fastest probe (`CostModel.observe_idle_tpot`): another router's
 traffic can slow one probe, not the quiet one before it. A probe costs an idle decoder about
 `PROBE_TOKENS` steps, once per engine start: never periodically, which would wake a decoder
-that sleeps while it only retains blocks (`boomerang.connector.idle_loop`), and never beside
+that sleeps while it only retains blocks (`boomerang.connector.plugin.idle_loop`), and never beside
 this router's own streams. `health.idle_probe` turns it off.
 
 `probe_plan` is the pure choice of which decoders to probe; `probe_tpot` does the I/O.

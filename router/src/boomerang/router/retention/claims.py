@@ -1,7 +1,7 @@
 """D confirms a lease before P may read it: the claim of a turn's handle.
 
 Why: a decoder running Boomerang's plugin with its lease API on lets retained leases yield to
-live work when its KV cache is full (`boomerang.connector.retained`; it says so with the
+live work when its KV cache is full (`boomerang.connector.plugin.retained`; it says so with the
 `pressure` capability on `/metrics`). A yielded lease's blocks are free and soon hold another
 request's KV, and NIXL reads are one-sided: a P that pulled them would compute on someone
 else's KV without an error anywhere. So on such a decoder the router asks D to claim the lease

@@ -1,7 +1,7 @@
 """The router's side of D's lease API: claim, release and renew D's retained blocks.
 
 Why apart from `leases.py`: this is only the HTTP contract of Boomerang's vLLM plugin
-(`boomerang.connector.leases`, on D's own port under `/boomerang/v1/leases`) and what each of
+(`boomerang.connector.plugin.leases`, on D's own port under `/boomerang/v1/leases`) and what each of
 its failures means; `leases.py` decides when to call it. Calls carry the router's lease token
 as a bearer token (`lease_token_file`, re-read when it changes, else env
 `BOOMERANG_LEASE_TOKEN`) on their own keep-alive client (`EngineClient`, made again when the
@@ -11,7 +11,7 @@ so a handle taken out for it must not be offered again) and whether D offers no 
 all (`no_control`: no plugin, 401, 403, an unsupported vLLM, or no token here).
 
 A claim (`claim`) asks D which of a turn's leases it still holds and makes D keep them through
-memory pressure (`boomerang.connector.retained`): on a decoder whose leases may yield to live
+memory pressure (`boomerang.connector.plugin.retained`): on a decoder whose leases may yield to live
 work, only a lease D confirmed may be offered to P.
 """
 

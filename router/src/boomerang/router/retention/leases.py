@@ -4,7 +4,7 @@ Why it exists: D pins every finished request's blocks for its whole TTL. In adap
 router keeps a handle only as long as the next turn is likely to come (a quantile of the
 learned gap between turns, per tenant, within the handle TTL) and within a budget of D's KV
 blocks, and releases what will never be offered (a superseded or recomputed handle, a
-conversation the client ended) through D's lease API (`boomerang.connector.leases`, served
+conversation the client ended) through D's lease API (`boomerang.connector.plugin.leases`, served
 by Boomerang's vLLM plugin on D's port). The pure parts (the gap learner, the bounds, the
 ledger of leases) are `policy.py`; this module calls D and the store.
 

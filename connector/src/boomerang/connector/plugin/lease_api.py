@@ -31,7 +31,7 @@ import os
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
-from boomerang.connector.leases import (
+from boomerang.connector.plugin.leases import (
     MAX_BODY_BYTES,
     RPC_TIMEOUT_S,
     LeaseError,
@@ -39,7 +39,7 @@ from boomerang.connector.leases import (
     merge,
     parse_request,
 )
-from boomerang.connector.pressure import UTILITY
+from boomerang.connector.plugin.pressure import UTILITY
 from boomerang.facts.engine import LEASE_PATH, LEASE_TOKEN_ENV
 
 RELEASED_METRIC = "boomerang_engine_leases_released_total"

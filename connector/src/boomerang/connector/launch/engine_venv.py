@@ -9,7 +9,7 @@ site-packages, with the distribution's metadata, so vLLM finds Boomerang's plugi
 entry point. That keeps one code path for a checkout (`make demo`, CI's fresh clone) and for
 `pip install boomerang`, and re-links whenever the caller's installation changes.
 
-    python -m boomerang.connector.engine_venv [--route ROUTE] [--check]   # prints the venv
+    python -m boomerang.connector.launch.engine_venv [--route ROUTE] [--check]   # prints the venv
 """
 
 from __future__ import annotations
@@ -173,11 +173,11 @@ def link_boomerang(venv: Path) -> None:
 
 def engine_command(venv: Path) -> list[str]:
     """How to start an engine from the venv (`boomerang-engine -- <vLLM args>` in images)."""
-    return [str(venv / "bin" / "python"), "-m", "boomerang.connector.entrypoint", "--"]
+    return [str(venv / "bin" / "python"), "-m", "boomerang.connector.launch.entrypoint", "--"]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m boomerang.connector.engine_venv")
+    p = argparse.ArgumentParser(prog="python -m boomerang.connector.launch.engine_venv")
     p.add_argument("--route", choices=ROUTES, default=None, help="force an install route")
     p.add_argument("--check", action="store_true", help="only report a venv that is built")
     args = p.parse_args(argv)

@@ -15,7 +15,7 @@ server's answer stands for the engine core's, which loads the same vLLM.
 
 from __future__ import annotations
 
-from boomerang.connector.engine_info import set_info
+from boomerang.connector.plugin.engine_info import set_info
 from boomerang.facts.engine import CAPABILITIES, ENGINE_CAPABILITY_METRIC
 
 _DOC = "Engine-side changes of Boomerang's plugin: 1 in force, 0 not (by capability)."

@@ -7,7 +7,7 @@ loading, by crashing; this answers it in seconds, in the engine image on an EFA 
 vLLM's NIXL connector does it: one NIXL agent, the LIBFABRIC backend, one GPU buffer registered
 with it (libfabric's `fi_mr_reg` on every rail), then released.
 
-    kubectl exec <engine pod> -- python3 -m boomerang.connector.efa_probe [--mib 1024]
+    kubectl exec <engine pod> -- python3 -m boomerang.connector.launch.efa_probe [--mib 1024]
 
 Exit 0: registration works here, the resource needs no `spec.efa.privileged`. Exit 1: what
 failed, and what to try (NIXL's own `fi_mr_reg failed ...` line is above it, on stderr).
@@ -45,7 +45,8 @@ def advice(error: BaseException, stage: str) -> str:
         return (
             f"NIXL could not create its {BACKEND} backend ({what}): no EFA device in this "
             "container (vpc.amazonaws.com/efa requested?), or libfabric's efa provider failed "
-            "(python3 -m boomerang.connector.image_check --require-libfabric-backend says more)"
+            "(python3 -m boomerang.connector.launch.image_check --require-libfabric-backend says "
+            "more)"
         )
     return (
         f"NIXL could not register GPU memory with the EFA NIC ({what}); if NIXL logged "

@@ -31,11 +31,11 @@ import os
 import time
 from typing import Any
 
-from boomerang.connector import idle_loop, leases
-from boomerang.connector.retained import RetainedBook, blocks_for
+from boomerang.connector.plugin import idle_loop, leases
+from boomerang.connector.plugin.retained import RetainedBook, blocks_for
 from boomerang.facts.engine import LEASE_TOKEN_ENV
 
-log = logging.getLogger("boomerang.connector.pressure")
+log = logging.getLogger("boomerang.connector.plugin.pressure")
 
 RELEASE_ATTR = "boomerang_release"
 """The step's connector metadata names the leases that yield under this attribute."""

@@ -38,7 +38,7 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
-from boomerang.connector import vllm_points
+from boomerang.connector.plugin import vllm_points
 from boomerang.facts.engine import (
     CONTINUE_CAPABILITY,
     ENGINE_CAPABILITY_METRIC,
@@ -50,10 +50,10 @@ def _logger() -> logging.Logger:
     try:  # vLLM's logger is configured to print; a plain one would be silent
         from vllm.logger import init_logger
 
-        vllm_logger: logging.Logger = init_logger("boomerang.connector.plugin")
+        vllm_logger: logging.Logger = init_logger("boomerang.connector.plugin.register")
         return vllm_logger
     except ImportError:
-        return logging.getLogger("boomerang.connector.plugin")
+        return logging.getLogger("boomerang.connector.plugin.register")
 
 
 logger = _logger()
@@ -130,7 +130,7 @@ def register() -> None:
         import vllm
     except ImportError:  # not inside a vLLM process
         return
-    from boomerang.connector import (
+    from boomerang.connector.plugin import (
         api_ids,
         capability,
         cpu_pinning,

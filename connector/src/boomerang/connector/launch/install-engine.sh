@@ -14,7 +14,7 @@
 # BOOMERANG_ENGINE_ROUTE (or --route NAME) forces one. Each route has its own cached venv, keyed
 # by the route and a hash of the requirements and this script, complete only once its marker file
 # exists (written last), so an interrupted install is redone rather than trusted. Boomerang
-# itself is linked in by the caller (`python -m boomerang.connector.engine_venv`), so the venv
+# itself is linked in by the caller (`python -m boomerang.connector.launch.engine_venv`), so the venv
 # runs whichever Boomerang the caller runs: a checkout or an installed package.
 #
 # Usage: install-engine.sh [--check] [--route auto|wheels|torch-index|pypi]

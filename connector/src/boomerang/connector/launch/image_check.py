@@ -28,7 +28,7 @@ fails the build unless:
   requirement the build added to its base (it prints the base's own, and the operator's and
   router's packages, which the image leaves out of Boomerang's install on purpose).
 
-Run in an image: `python3 -m boomerang.connector.image_check [backend|narrow|check]
+Run in an image: `python3 -m boomerang.connector.launch.image_check [backend|narrow|check]
 [--libfabric efa-installer|distribution] [--require-libfabric-backend]`.
 """
 
@@ -292,7 +292,7 @@ def load_problems(expected: str, require_backend: bool = False) -> list[str]:
         problems.append(f"nixl loaded {picked}, not {module_of(expected)}")
     if "LIBFABRIC" in plugins:
         problems += libfabric_backend(agent, require_backend)
-    from boomerang.connector import nixl_quiet
+    from boomerang.connector.plugin import nixl_quiet
 
     if not nixl_quiet.apply():
         problems.append("Boomerang's NIXL patch (nixl_quiet) does not apply to this NIXL")

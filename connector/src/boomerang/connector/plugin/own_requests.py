@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from boomerang.connector.vllm_points import PULL_SCHEDULER, REQUEST_FINISHED, init_names
+from boomerang.connector.plugin.vllm_points import PULL_SCHEDULER, REQUEST_FINISHED, init_names
 
 _PATCHED = "__boomerang_own_requests__"
 

@@ -34,7 +34,7 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
-logger = logging.getLogger("boomerang.connector.api_ids")
+logger = logging.getLogger("boomerang.connector.plugin.api_ids")
 
 _PATCHED = "__boomerang_api_ids__"
 _RESPONSES = ("vllm.entrypoints.openai.responses.serving", "OpenAIServingResponses")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from boomerang.connector.engine_info import set_info
+from boomerang.connector.plugin.engine_info import set_info
 from boomerang.facts.engine import ENGINE_REVISION_ENV, ENGINE_REVISION_METRIC
 
 _published: set[str] = set()

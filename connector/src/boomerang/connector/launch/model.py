@@ -9,8 +9,8 @@ The weights are random: the models produce gibberish, but real gibberish compute
 engine with real KV caches, which is all P/D transfer and its correctness tests need. `small` is
 large enough (116M parameters) for recompute costs to show in the TTFT benchmark.
 
-Run as `python -m boomerang.connector.model tiny` (in the engine venv) to build into the cache
-and print the path. Needs `tokenizers`, `transformers` and `torch` (the engine venv has them).
+Run as `python -m boomerang.connector.launch.model tiny` (in the engine venv) to build into the
+cache and print the path. Needs `tokenizers`, `transformers` and `torch` (the engine venv has them).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from boomerang.connector.idle_policy import LoopFacts, idle_step_s, idle_wait_s
+from boomerang.connector.plugin.idle_policy import LoopFacts, idle_step_s, idle_wait_s
 
 _PATCHED = "__boomerang_idle__"
 _LAST_STEP = "_boomerang_last_step"

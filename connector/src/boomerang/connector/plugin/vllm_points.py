@@ -7,7 +7,7 @@ with the signatures the plugin assumes, and two readers check them:
 
 - the plugin, at engine start (`missing`), by import: on a vLLM where one is gone or changed it
   patches none of vLLM's internals, says so in one log line and publishes its capabilities at 0
-  (`boomerang.connector.plugin`);
+  (`boomerang.connector.plugin.register`);
 - `connector/tests/test_vllm_versions.py`, statically, against each release in `SUPPORTED_VLLM`
   (the GPU wheels, whose import needs CUDA): every point that release needs, and the facts the
   plugin's choices rest on (from 0.33 vLLM streams D's params itself).

@@ -37,7 +37,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
 from typing import Any
 
-from boomerang.connector.vllm_points import LEASE_WORKER, REAP, SUPPORTED_VLLM
+from boomerang.connector.plugin.vllm_points import LEASE_WORKER, REAP, SUPPORTED_VLLM
 from boomerang.facts import DECODER_BLOCKS_TTL_S
 
 MAX_REQUEST_IDS = 4096

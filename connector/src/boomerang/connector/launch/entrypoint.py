@@ -55,7 +55,7 @@ class UsageError(ValueError):
 def resolve_model(uri: str, env: Mapping[str, str]) -> tuple[str, list[str]]:
     """The value vLLM's `--model` gets for a model URI, plus any arguments it implies. A URI
     must have one of the shapes the API admits (`config.MODEL_SOURCES`)."""
-    from boomerang.connector import model as builtin
+    from boomerang.connector.launch import model as builtin
 
     if "://" not in uri:
         return uri, []  # a plain HF id or a local path, as vLLM itself accepts
@@ -227,7 +227,7 @@ def run(cmd: list[str], env: dict[str, str], termination_log: Path = TERMINATION
 def main(argv: Sequence[str] | None = None) -> None:
     import os
 
-    from boomerang.connector import model as builtin
+    from boomerang.connector.launch import model as builtin
 
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
