@@ -43,9 +43,9 @@ while [[ $# -gt 0 ]]; do
 done
 
 wheel_folder() {
-  # In a checkout the script sits in connector/src/boomerang/connector/, so a shared/ beside
-  # the checkout is five levels up.
-  local dir="${BOOMERANG_WHEELS:-$HERE/../../../../../shared/wheels}"
+  # In a checkout the script sits in connector/src/boomerang/connector/launch/, so a shared/
+  # beside the checkout is six levels up.
+  local dir="${BOOMERANG_WHEELS:-$HERE/../../../../../../shared/wheels}"
   if compgen -G "$dir/torch-$TORCH_VERSION+cpu-*.whl" >/dev/null; then
     (cd "$dir" && pwd)
   fi
