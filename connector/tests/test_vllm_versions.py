@@ -21,6 +21,7 @@ from vllm_source_testing import WheelSource, download
 
 from boomerang.connector import config
 from boomerang.connector.plugin import vllm_points
+from boomerang.facts.engine import STREAMS_PARAMS_SINCE
 
 pytestmark = [pytest.mark.wheels, pytest.mark.timeout(1800)]
 NIXL_PACKAGE = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
@@ -60,7 +61,7 @@ def test_the_stream_patch_applies_before_0_33_and_steps_aside_from_it(
     names = {(p.path, p.used_by) for p in vllm_points.needed(version)}
     streams = {(p.path, p.used_by) for p in vllm_points.STREAMS}
     passes = [p for p in vllm_points.needed(version) if p.passes]
-    if vllm_points.version_tuple(version) < names.STREAMS_PARAMS_SINCE:
+    if vllm_points.version_tuple(version) < STREAMS_PARAMS_SINCE:
         assert streams <= names and not passes
     else:
         # vLLM's own stream code passes kv_transfer_params (checked above as points); the
