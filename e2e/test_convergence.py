@@ -150,11 +150,17 @@ def test_new_image_rolls_both_roles_to_one_engine_revision(
     name = ready_minimal["metadata"]["name"]
     old_revision = wait_ready(cluster, namespace, name)["status"]["engineRevision"]
     image = "boomerang/connector:0.2.0"
+
     # Prefill's new pod (Pending on the cordoned nodes) beside decode's old one, held: skew.
+    # The status may name the skew one reconcile before decode's partition holds it (a loaded
+    # machine showed that snapshot): wait for both.
+    def held_in_skew(seen: dict[str, Any]) -> bool:
+        message = str((condition(seen, "Progressing") or {}).get("message"))
+        return seen["status"].get("revisionSkew") is True and "decode waits for" in message
+
     dd, rolling = _change(
-        cluster, namespace, ready_minimal, "spec.engine.image", image,
-        until=lambda seen: seen["status"].get("revisionSkew") is True,
-    )  # fmt: skip
+        cluster, namespace, ready_minimal, "spec.engine.image", image, until=held_in_skew
+    )
     assert (condition(rolling, "Progressing") or {}).get("reason") == "RevisionSkew"
     assert "decode waits for prefill" in str((condition(rolling, "Progressing") or {})["message"])
     assert dd["status"]["engineRevision"] != old_revision
