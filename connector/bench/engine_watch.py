@@ -18,7 +18,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from boomerang.local.engine_client import scrape
 
 TICKS = os.sysconf("SC_CLK_TCK")
-BUSY = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+KV_USAGE = "vllm:kv_cache_usage_perc"
+"""vLLM's share of an engine's KV blocks in use (0-1); a retained block counts as used."""
+BUSY = ("vllm:num_requests_running", "vllm:num_requests_waiting", KV_USAGE)
 
 
 class NotIdle(RuntimeError):

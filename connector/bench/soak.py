@@ -64,6 +64,7 @@ import pdclient
 import yaml
 from bench_production import source_revision
 from bench_ttft import REPO
+from engine_watch import KV_USAGE, busy
 from production_engines import Engines, engines, retained_blocks
 from production_engines import manifest as regime_manifest
 from production_modes import REGIMES, Workload, generator_config
@@ -384,10 +385,10 @@ def fill_decoder(d_url: str, model: str) -> None:
 
 
 def kv_used(d_url: str) -> float:
-    """D's share of KV blocks in use (vLLM's `vllm:kv_cache_usage_perc`, 0-1); 0 unread."""
+    """D's share of KV blocks in use (0-1, the benchmark's own reading of
+    `vllm:kv_cache_usage_perc`, `engine_watch.busy`); 0 unread."""
     with contextlib.suppress(OSError, ValueError):
-        found = engine_client.samples(engine_client.scrape(d_url), "vllm:kv_cache_usage_perc")
-        return max((sample.value for sample in found), default=0.0)
+        return busy(engine_client.scrape(d_url))[KV_USAGE]
     return 0.0
 
 
