@@ -29,6 +29,11 @@ P_DECLINE_WINDOW_S: Final = 5
 """vLLM's prefill declines a D->P read within this many seconds of D's block deadline: a
 conversation's handle must lapse at least this long before D's TTL does."""
 
+HANDLE_MARGIN_SHARE: Final = 0.1
+HANDLE_MARGIN_MIN_S: Final = 5
+"""The margin a router's handle keeps beside P's decline window: this share of the decoder
+TTL, at least `HANDLE_MARGIN_MIN_S` (`default_handle_ttl`)."""
+
 Mode = Literal["static", "adaptive"]
 """The tuning mode as the router and its state document spell it."""
 MODES: Final[tuple[Mode, ...]] = get_args(Mode)
@@ -58,10 +63,11 @@ def seconds(value: float) -> str:
 
 def default_handle_ttl(decoder_ttl_s: float) -> float:
     """How long a router may offer D's blocks: the decoder TTL minus P's decline window minus a
-    margin (10 %, at least 5 s).
+    margin (`HANDLE_MARGIN_SHARE` of the TTL, at least `HANDLE_MARGIN_MIN_S`).
 
     The margin covers the time between D finishing (when its TTL starts) and the router storing
     the handle, plus clock drift between router replicas sharing Redis. The operator's status,
     the router's own default and the simulator all read it from here.
     """
-    return decoder_ttl_s - P_DECLINE_WINDOW_S - max(5.0, 0.1 * decoder_ttl_s)
+    margin = max(HANDLE_MARGIN_MIN_S, HANDLE_MARGIN_SHARE * decoder_ttl_s)
+    return decoder_ttl_s - P_DECLINE_WINDOW_S - margin

@@ -15,7 +15,10 @@ from boomerang.operator.api.durations import Duration
 from boomerang.operator.api.fields import FreeFormList, Model, PodTemplate, Quantity
 from boomerang.operator.api.names import DEFAULT_ROUTER_IMAGE, INT32_MAX
 
-_DECLINE = facts.seconds(facts.P_DECLINE_WINDOW_S)
+DECLINE_WINDOW = facts.seconds(facts.P_DECLINE_WINDOW_S)
+"""P's decline window as a spec duration: a conversation's handle must keep clear of D's
+deadline by more than this (the description below and `rules.py`'s CEL rule)."""
+_MARGIN = f"max({facts.seconds(facts.HANDLE_MARGIN_MIN_S)}, {facts.HANDLE_MARGIN_SHARE:.0%})"
 
 
 class SecretKeyRef(Model):
@@ -99,10 +102,10 @@ class RouterSpec(Model):
         None,
         alias="conversationTTL",
         description=(
-            f"How long the router offers a conversation's blocks; must stay more than {_DECLINE} "
-            f"below kvTransfer.decoderBlocksTTL (P declines reads within {_DECLINE} of D's "
-            f"deadline). Default: decoderBlocksTTL minus {_DECLINE} minus a margin of max(5s, "
-            "10%)."
+            f"How long the router offers a conversation's blocks; must stay more than "
+            f"{DECLINE_WINDOW} below kvTransfer.decoderBlocksTTL (P declines reads within "
+            f"{DECLINE_WINDOW} of D's deadline). Default: decoderBlocksTTL minus "
+            f"{DECLINE_WINDOW} minus a margin of {_MARGIN}."
         ),
     )
     service: RouterServiceSpec = Field(

@@ -19,6 +19,7 @@ from boomerang.facts.engine import Role
 from boomerang.operator import cel
 from boomerang.operator.api.durations import DURATION_RE, NS_PER_S, duration_ns
 from boomerang.operator.api.names import DNS_LABEL_MAX, MAX_NAME_LENGTH
+from boomerang.operator.api.router import DECLINE_WINDOW
 from boomerang.operator.api.spec import SpecFields
 
 T = TypeVar("T")
@@ -72,8 +73,6 @@ def _duration(path: str) -> str:
 
 
 _TUNING = "kvTransfer.tuning"
-_DECLINE = facts.seconds(facts.P_DECLINE_WINDOW_S)
-"""P's decline window, which a conversation's handle must keep clear of D's deadline."""
 _TTL = "kvTransfer.decoderBlocksTTL"
 _MIN = f"{_TUNING}.retention.minimum"
 _ROUTER_TTL = "self.router.conversationTTL"
@@ -183,8 +182,8 @@ RULES: tuple[Rule[SpecFields], ...] = (
     ),
     Rule(
         cel=f"!({_ROUTER_TTL_SET} && {_well_formed(_TTL)}) || "
-        f"duration({_ROUTER_TTL}) + duration('{_DECLINE}') < {_duration(_TTL)}",
-        message=f"spec.router.conversationTTL must be more than {_DECLINE} below "
+        f"duration({_ROUTER_TTL}) + duration('{DECLINE_WINDOW}') < {_duration(_TTL)}",
+        message=f"spec.router.conversationTTL must be more than {DECLINE_WINDOW} below "
         "spec.kvTransfer.decoderBlocksTTL",
         field_path=".router.conversationTTL",
         check=_router_ttl_ok,
