@@ -38,7 +38,7 @@ tools:
 redis:
 	@command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
 
-# nginx stands for the router replicas' Service in the soak (connector/bench/soak.py).
+# nginx stands for the router replicas' Service in the soak (e2e/bench/soak/run.py).
 nginx:
 	@command -v nginx >/dev/null || (apt-get update -qq && \
 		apt-get install -y -qq --no-install-recommends nginx-light)
@@ -109,9 +109,9 @@ cluster-node: dev tools node
 demo: dev engine
 	$(VENV)/bin/boomerang demo
 
-# The benchmarks live beside the parts they measure, outside the installed package; they import
-# the test fakes and the reference P/D client by name. ARGS passes flags (e.g. ARGS=--no-pin).
-BENCH_PATH := router/tests:router/bench:router/sim:connector/bench
+# The router's own benchmarks live beside it (router/bench); the system's are one package,
+# e2e/bench (`bench`, its README); both import the test fakes by name. ARGS passes flags.
+BENCH_PATH := router/tests:router/bench:router/sim:e2e
 bench-router: dev
 	PYTHONPATH=$(BENCH_PATH) $(PY) -m router_bench $(ARGS)
 # This tree's router against commit REF's, runs alternating (router/bench/compare.sh).
@@ -130,34 +130,34 @@ bench-kvindex: dev
 bench-fit: dev
 	PYTHONPATH=$(if $(PYTHONPATH),$(PYTHONPATH):)$(BENCH_PATH) $(PY) -m bench_fit $(ARGS)
 bench-ttft: dev engine
-	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench_ttft $(ARGS)
+	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench.engine.ttft $(ARGS)
 bench-partial: dev engine
-	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench_partial $(ARGS)
+	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench.engine.partial $(ARGS)
 # A decoder that retains blocks and serves nothing: its CPU with the idle wait on and off.
 bench-idle: dev engine
-	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench_idle $(ARGS)
+	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench.engine.idle $(ARGS)
 bench-agents: dev engine
-	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench_agents $(ARGS)
+	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench.agents.run $(ARGS)
 bench-paths: dev engine
-	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench_paths $(ARGS)
+	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench.engine.paths $(ARGS)
 # Boomerang's default against stock vLLM P/D (vLLM's proxy, least load, affinity, decode-first),
 # prefix caching on, measured by vLLM's own multi-turn client (fetched at run time); engine sets
-# one after the other, every figure with its spread (connector/bench/bench_production.py).
+# one after the other, every figure with its spread (e2e/bench/production/run.py).
 # ARGS="--sweep" adds the sweep's regimes, "--quick" is short, "--publish" writes README/docs.
 bench-production: dev engine
-	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench_production $(ARGS)
+	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench.production.run $(ARGS)
 # Faults under steady multi-turn load (vLLM's client, two router replicas over Redis): per fault
 # the turns touched and lost, recovery, D's retained blocks after, the router's RSS and sockets
-# (connector/bench/soak.py, docs/reliability.md). ARGS="--minutes 8 --faults kill-d --publish".
+# (e2e/bench/soak/run.py, docs/reliability.md). ARGS="--minutes 8 --faults kill-d --publish".
 soak: dev engine redis nginx
-	PYTHONPATH=$(BENCH_PATH) $(PY) -m soak $(ARGS)
+	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench.soak.run $(ARGS)
 # The P/D cluster simulator (router/sim, docs/simulation.md): the GPU calibration table, the
 # sweep over P:D ratio, sessions, KV and suffix, and its plot; ARGS=--quick for a short sweep.
 sim: dev
 	PYTHONPATH=$(BENCH_PATH) $(PY) -m boomsim $(ARGS)
 # Offline: one agent run's gaps replayed under retention policies (no engine).
 bench-retention: dev
-	PYTHONPATH=$(BENCH_PATH) $(PY) -m retention_frontier $(or $(ARGS),connector/bench/agents-static.json)
+	PYTHONPATH=$(BENCH_PATH) $(PY) -m bench.agents.retention_frontier $(or $(ARGS),e2e/bench/results/agents-static.json)
 
 print-venv:
 	@echo $(VENV)

@@ -26,7 +26,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import pdclient
 import yaml
 from cluster import Cluster
 from images.build import NAMES, Built
@@ -35,6 +34,7 @@ from kube import is_true, wait_until
 from suite import CHART, RELEASE, RELEASE_NAMESPACE, example
 
 from boomerang.facts.engine import HTTP_PORT
+from boomerang.local import pdclient
 from boomerang.operator.render import ROUTER_PORT
 
 SAMPLE = "cpu.yaml"

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import machine
 import pytest
-from bench_ttft import NEW_TOKENS, plan
 
 from boomerang.local import calibrate
+
+from bench.engine.ttft import NEW_TOKENS, plan
+from bench.harness import machine
 
 
 def test_the_fit_passes_through_both_samples_when_cost_per_token_grows() -> None:

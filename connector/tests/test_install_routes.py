@@ -17,11 +17,10 @@ import re
 import subprocess
 from pathlib import Path
 
-import pdclient
 import pytest
 
 from boomerang.connector.launch import engine_venv
-from boomerang.local import processes, stack
+from boomerang.local import pdclient, processes, stack
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
 

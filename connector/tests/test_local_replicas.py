@@ -19,12 +19,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pdclient
 import pytest
 import yaml
 
 from boomerang.connector.launch import engine_venv
-from boomerang.local import processes, stack
+from boomerang.local import pdclient, processes, stack
 from boomerang.local.engine_client import tokens_by_source, totals
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]

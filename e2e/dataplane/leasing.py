@@ -10,8 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import pdclient
-
+from boomerang.local import pdclient
 from boomerang.local.engine_client import lease_status, samples, scrape
 
 

@@ -10,9 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-import pdclient
-
-from boomerang.local import processes
+from boomerang.local import pdclient, processes
 
 RESTART_S = 600.0
 

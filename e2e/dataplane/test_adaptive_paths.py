@@ -14,12 +14,11 @@ from __future__ import annotations
 import math
 import random
 
-import pdclient
 import pytest
 from dataplane.leasing import eventually, held_after_a_step
 from dataplane.turns import counted, moved, reference, reuse, router_completion, same, words
 
-from boomerang.local import calibrate
+from boomerang.local import calibrate, pdclient
 from boomerang.local.engine_client import scrape, tokens_by_source, totals
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]

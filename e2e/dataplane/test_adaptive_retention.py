@@ -20,11 +20,11 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-import pdclient
 import pytest
 from dataplane.leasing import eventually, metric
 from dataplane.turns import counted, moved, reference, reuse, router_completion, same, words
 
+from boomerang.local import pdclient
 from boomerang.local.engine_client import scrape, tokens_by_source
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]

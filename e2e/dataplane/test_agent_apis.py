@@ -16,10 +16,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pdclient
 import pytest
 from dataplane.turns import LOGPROB_TOL, counted, reuse
 
+from boomerang.local import pdclient
 from boomerang.local.engine_client import samples
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]

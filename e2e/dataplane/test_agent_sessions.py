@@ -17,10 +17,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import pdclient
 import pytest
 from dataplane.turns import counted, reuse
 
+from boomerang.local import pdclient
 from boomerang.local.engine_client import samples
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]

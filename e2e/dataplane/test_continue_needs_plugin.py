@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import random
 
-import pdclient
 import pytest
 from dataplane.restart import restart_decoder
 from dataplane.turns import counted, moved, reference, reuse, router_completion, same, words
 
 from boomerang.facts.engine import CAPABILITIES
+from boomerang.local import pdclient
 from boomerang.local.engine_client import scrape, totals
 from boomerang.router.engines.health import capabilities_from_metrics
 

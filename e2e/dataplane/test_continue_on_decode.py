@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import random
 
-import pdclient
 import pytest
 from dataplane.turns import MAX_TOKENS, same, words
 
+from boomerang.local import pdclient
 from boomerang.local.engine_client import completion_body, post, scrape, tokens_by_source
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]

@@ -16,7 +16,6 @@ import time
 import urllib.request
 from typing import Any
 
-import pdclient
 import pytest
 from dataplane.turns import (
     LOGPROB_TOL,
@@ -30,6 +29,8 @@ from dataplane.turns import (
     same,
     words,
 )
+
+from boomerang.local import pdclient
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 import random
 import time
 
-import pdclient
 import pytest
 from dataplane.leasing import eventually, held, metric
 from dataplane.turns import MAX_TOKENS, same, words
 
 from boomerang.connector.plugin.lease_api import RELEASED_METRIC, RENEWED_METRIC
+from boomerang.local import pdclient
 from boomerang.local.engine_client import lease_status, samples, scrape
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]

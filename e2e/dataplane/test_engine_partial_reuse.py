@@ -17,7 +17,6 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import pdclient
 import pytest
 from dataplane.turns import (
     chat_body,
@@ -30,6 +29,7 @@ from dataplane.turns import (
     words,
 )
 
+from boomerang.local import pdclient
 from boomerang.local.engine_client import samples
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]

@@ -13,14 +13,15 @@ from __future__ import annotations
 import random
 import time
 
-import pdclient
-import proc_cpu
 import pytest
 from dataplane.leasing import eventually, metric
 from dataplane.turns import MAX_TOKENS, same, words
 
 from boomerang.connector.plugin.idle_policy import DEFAULT_IDLE_STEP_S
+from boomerang.local import pdclient
 from boomerang.local.engine_client import lease_status, scrape
+
+from bench.harness import proc_cpu
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 

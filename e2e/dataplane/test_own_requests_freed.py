@@ -10,10 +10,10 @@ from __future__ import annotations
 import random
 import time
 
-import pdclient
 import pytest
 from dataplane.turns import MAX_TOKENS, words
 
+from boomerang.local import pdclient
 from boomerang.local.engine_client import completion_body, lease_call, post, samples, scrape
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pdclient
 import pytest
 import yaml
 from dataplane.turns import router_completion, words
 from monitoring_testing import ALERTS, measures, panel_queries, promtool, rules
 
+from boomerang.local import pdclient
 from boomerang.operator import metrics
 from boomerang.operator.reconcile import Outcome
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import random
 
-import pdclient
 import pytest
 from dataplane.turns import counted, reuse, router_completion, words
 
+from boomerang.local import pdclient
 from boomerang.local.engine_client import samples
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import random
 
-import pdclient
 import pytest
 from dataplane.restart import start_decoder
 from dataplane.turns import words
 
+from boomerang.local import pdclient
 from boomerang.local.engine_client import totals
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]

@@ -7,10 +7,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
-import pdclient
 import pytest
 from kube import wait_until
 
+from boomerang.local import pdclient
 from boomerang.local.engine_client import totals
 
 MAX_TOKENS = 8

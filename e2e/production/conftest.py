@@ -1,6 +1,6 @@
 """Real CPU engines set up as production runs them (P's prefix cache on, KV events on), one
 engine set per test module, started from a manifest by the production benchmark's own
-helpers (`bench_production.engines`, `bench_production.router`: what `boomerang up` places).
+helpers (`bench.production.run.engines`, `bench.production.run.router`: what `boomerang up` places).
 
 Skips only when the engine venv is absent and `CI` is unset; under CI a missing venv fails.
 """
@@ -17,7 +17,7 @@ from production.stacks import venv
 @pytest.fixture(scope="module")
 def stack_of() -> Iterator[Any]:
     """`stack_of(dd)`: the engines of `dd`, running until the module's tests are done."""
-    import bench_production
+    from bench.production import run as bench_production
 
     opened: list[Any] = []
 

@@ -8,11 +8,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-import pdclient
 import pytest
 import yaml
 
 from boomerang.connector.launch import engine_venv as engine_venvs
+from boomerang.local import pdclient
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_TOKENS = 8

@@ -14,11 +14,11 @@ import random
 import time
 from typing import Any
 
-import pdclient
 import pytest
 from production.stacks import answer, completion, manifest
 
 from boomerang.facts import state as router_state
+from boomerang.local import pdclient
 from boomerang.local.engine_client import totals
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
@@ -47,7 +47,7 @@ def p_holds(router: str, prefill: list[str]) -> bool:
 
 
 def test_prompts_go_where_their_prefix_is_and_replicas_agree(engines: Any) -> None:
-    import bench_production
+    from bench.production import run as bench_production
 
     model = engines.dd.spec.model.served_name
     rng = random.Random(3)
@@ -87,7 +87,7 @@ def test_an_edited_first_message_reuses_the_system_prompt_with_no_conversation_i
     """A client edits the first user message of its chat and sends it again, with no
     conversation id: no handle matches it, but the system prompt's blocks are where the index
     says they are, and P serves them from its cache."""
-    import bench_production
+    from bench.production import run as bench_production
 
     model = engines.dd.spec.model.served_name
     rng = random.Random(11)

@@ -16,10 +16,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import pdclient
 import pytest
 from production.stacks import answer, completion, manifest
 
+from boomerang.local import pdclient
 from boomerang.local.engine_client import samples, totals
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
@@ -66,7 +66,7 @@ def yielded(d_urls: list[str]) -> float:
 
 @pytest.mark.parametrize("mode", ["static", "adaptive"])
 def test_no_turn_waits_for_retained_blocks(engines: Any, mode: str) -> None:
-    import bench_production
+    from bench.production import run as bench_production
 
     model = engines.dd.spec.model.served_name
     before = yielded(engines.decode)

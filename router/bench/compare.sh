@@ -23,7 +23,7 @@ base=$(mktemp -d)
 rows=$(mktemp)
 trap 'rm -f "$rows"; git -C "$here" worktree remove --force "$base" >/dev/null 2>&1 || rm -rf "$base"' EXIT
 git -C "$here" worktree add --detach --force "$base" "$ref" >/dev/null
-harness="$here/router/tests:$here/router/bench:$here/connector/bench"
+harness="$here/router/tests:$here/router/bench:$here/e2e"
 echo "this tree ($(git -C "$here" rev-parse --short HEAD)$(git -C "$here" diff --quiet || echo +changes)) against $ref ($(git -C "$base" rev-parse --short HEAD)), $rounds rounds"
 echo "| round | tree | load before | conversations | router turns/s | router CPU ms/turn | engines CPU ms/turn |"
 echo "|---|---|---|---|---|---|---|"

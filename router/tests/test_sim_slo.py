@@ -10,7 +10,8 @@ from boomsim.profiles import h200_qwen3_32b
 from boomsim.run import Load, run
 from boomsim.slo import IDLE_TPOT_TOKENS, Slo, idle_prefill_s, idle_tpot_s
 from boomsim.workload import MULTI_TURN, Shape, stream
-from production_slo import GOODPUT_SCALE
+
+from bench.production.slo import GOODPUT_SCALE
 
 GPU = h200_qwen3_32b()
 

@@ -24,7 +24,7 @@ tokens; whether D still holds the lease). The policies:
   uncached tokens and under 0.7 of the prompt) and its load variant (`dynamo-load`: also while
   the chosen P has 2,048 tokens queued); the same `decode_first.choose` with the router's
   `decode_first_ratio` and `decode_first_p_busy_tokens`. The bench runs the same set on
-  equal CPU engines (`production_modes.PEERS`).
+  equal CPU engines (`bench.production.modes.PEERS`).
 - `static`, `adaptive`: Boomerang (bidirectional transfer on): `plan.static_plan` and
   `plan.adaptive_plan` with the router's own `CostModel`, learning online from the simulated
   legs' times exactly as the router learns from measured ones, and `Tuning`'s defaults.

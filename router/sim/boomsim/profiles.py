@@ -256,7 +256,7 @@ CPU_PULL_4K_S = 0.158
 """`make bench-paths`: pull of a 4,096-token history with a 16-token suffix (whole TTFT)."""
 CPU_BLOCK_SIZE = 128
 CPU_PRESSURE_BLOCKS = 200
-"""bench_production's pressure regime (both engines)."""
+"""The production benchmark's pressure regime (both engines)."""
 CPU_DECODE_STEP_S: float | None = None
 """PENDING: D's decode step at batch 1-8 on the CPU engine (not measured yet)."""
 

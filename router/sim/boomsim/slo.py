@@ -1,7 +1,7 @@
 """SLO goodput of a simulated run, as the production benchmark defines it (pure).
 
 Why the benchmark's definition: the simulator's tables are read beside `docs/benchmarks.md`,
-whose headline figure is SLO goodput (`connector/bench/production_slo.py`): the turns per
+whose headline figure is SLO goodput (`e2e/bench/production/slo.py`): the turns per
 second whose TTFT and TPOT are both within `GOODPUT_SCALE` times what the same engines take
 idle. The benchmark measures its idle costs on the engines; here they come from the profile,
 the same cost formulas the engines run on:
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from production_slo import GOODPUT_SCALE
-
 from boomsim.profiles import Profile
+
+from bench.production.slo import GOODPUT_SCALE
 
 IDLE_TPOT_TOKENS = 32 + 64 // 2
 """The context of the benchmark's idle TPOT measure, midway through its answer."""

@@ -5,7 +5,7 @@ shapes are drawn from their documented parameters with a seeded generator (the s
 the same conversations), and only token counts are kept.
 
 - `multi_turn`: vLLM's `benchmarks/multi_turn` synthetic generator as the fair benchmark
-  configures it (`connector/bench/bench_production.py`): 4-6 user turns, a first prompt of
+  configures it (`e2e/bench/production/run.py`): 4-6 user turns, a first prompt of
   1.5-3k tokens, user turns of 20-200, answers of 32-96, all uniform; `clients` closed-loop
   clients with at most `max_active` conversations open, each client sending the next turn of
   the next open conversation as soon as its previous turn is answered.

@@ -3,10 +3,10 @@
 Calibration times prefills on P and the demo reads each engine's token-source counters; both
 talk to an engine directly, with no router in between. Prometheus pages (an engine's, the
 router's) are read with prometheus_client's own parser, here, for the demo, the benchmarks and
-the tests alike. The benchmarks' reference P/D client
-(`connector/bench/pdclient.py`) builds its turns from these same calls. A decoder's lease API
-is read and told to yield here too, so the benchmarks and the data-plane tests start a run on
-a decoder that retains nothing, the same way.
+the tests alike. The benchmarks' reference P/D client (`pdclient.py`, beside this module)
+builds its turns from these same calls. A decoder's lease API is read and told to yield here
+too, so the benchmarks and the data-plane tests start a run on a decoder that retains nothing,
+the same way.
 """
 
 from __future__ import annotations

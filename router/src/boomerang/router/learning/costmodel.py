@@ -408,8 +408,8 @@ def continue_limit(c: Coefficients, bounds: Bounds, d_stream_s: float = 0.0) -> 
     The wait is estimated as the continue turn's own cost on D, `d_fixed + d_compute * suffix`:
     on the CPU engine the longest extra gap a co-running stream saw while D served a continue
     turn matched that turn's time to first token on D within about 10 % at 16, 256 and 2,048
-    suffix tokens (`bench_paths.py`), fixed part included (the step that admits the request
-    also pays for its scheduling and its prefix-cache lookup)."""
+    suffix tokens (`e2e/bench/engine/paths.py`), fixed part included (the step that admits the
+    request also pays for its scheduling and its prefix-cache lookup)."""
     if not bounds.continue_on_decode:
         return 0
     limit = bounds.continue_max_suffix_tokens
