@@ -29,7 +29,7 @@ from typing import Any
 from boomerang.local import calibrate, pdclient, stack
 
 from bench.harness import machine
-from bench.harness.pair import bench_manifest, rotation, start_engines, start_routers, stop_all
+from bench.harness.pair import bench_manifest, rotated, start_engines, start_routers, stop_all
 from bench.harness.repo import RESULTS
 
 MODES = {"partial": {"partial_reuse": True}, "rejected": {"partial_reuse": False}}
@@ -161,16 +161,14 @@ def main() -> None:
         ctx["timeout"] = timeouts["decode_total_s"]
         start_routers(dd, run_dir, ctx, timeouts, pids, MODES)
         conversation(ctx, "partial", 512, rng)  # warm-up: the first pull sets up NIXL
-        for hist in histories:
-            for rep in range(args.reps):
-                for mode in rotation(list(MODES), rep):
-                    s = conversation(ctx, mode, hist, rng)
-                    samples.append(s)
-                    print(
-                        f"{mode:>9} {hist:>5}: TTFT {s['ttft_s'] * 1000:7.0f} ms, pulled "
-                        f"{s['pulled']:.0f}, computed {s['computed']:.0f}",
-                        flush=True,
-                    )
+        for hist, mode in rotated(histories, args.reps, list(MODES)):
+            s = conversation(ctx, mode, hist, rng)
+            samples.append(s)
+            print(
+                f"{mode:>9} {hist:>5}: TTFT {s['ttft_s'] * 1000:7.0f} ms, pulled "
+                f"{s['pulled']:.0f}, computed {s['computed']:.0f}",
+                flush=True,
+            )
     finally:
         stop_all(pids)
     rows = summarize(samples)

@@ -44,7 +44,7 @@ import yaml
 from boomerang.local import calibrate, pdclient, stack
 from boomerang.local.engine_client import samples
 
-from bench.harness import machine
+from bench.harness import charts, machine
 from bench.harness.pair import rotation, start_engines, start_routers, stop_all
 from bench.harness.repo import REPO, RESULTS
 
@@ -260,31 +260,24 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 def draw(rows: list[dict[str, Any]], out: Path, history: int) -> None:
     """TTFT per suffix size for each path, log-log: where each path wins, and adaptive's pick."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    x = [r["suffix"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
     styles = {
         "pull": ("pull (P pulls the history)", "s--"),
         "recompute": ("recompute (P computes all)", "^--"),
         "continue": ("continue on D (no P)", "o--"),
         "adaptive": ("adaptive router (its choice)", "D-"),
     }
-    for path, (label, style) in styles.items():
-        ax.plot(x, [r[f"{path}_ms"] for r in rows], style, label=label)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("new suffix (tokens)")
-    ax.set_ylabel("TTFT of the turn (ms, log scale)")
-    ax.set_title(f"Three paths after a {history}-token history, vLLM CPU P/D")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out / "paths_ttft.png", dpi=110)
-    plt.close(fig)
+    charts.lines(
+        out / "paths_ttft.png",
+        [r["suffix"] for r in rows],
+        {
+            label: ([r[f"{path}_ms"] for r in rows], style)
+            for path, (label, style) in styles.items()
+        },
+        xlabel="new suffix (tokens)",
+        ylabel="TTFT of the turn (ms, log scale)",
+        title=f"Three paths after a {history}-token history, vLLM CPU P/D",
+        log=True,
+    )
 
 
 def warm_up(ctx: dict[str, Any], args: argparse.Namespace, log: Callable[[str], None]) -> None:

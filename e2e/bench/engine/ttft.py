@@ -31,8 +31,8 @@ from typing import Any
 from boomerang.local import calibrate, pdclient, stack
 from boomerang.local.engine_client import samples
 
-from bench.harness import machine
-from bench.harness.pair import bench_manifest, rotation, start_engines, start_routers, stop_all
+from bench.harness import charts, machine
+from bench.harness.pair import bench_manifest, rotated, start_engines, start_routers, stop_all
 from bench.harness.repo import RESULTS
 
 NEW_TOKENS = 64
@@ -215,23 +215,20 @@ def draw(rows: list[dict[str, Any]], out: Path, model: str) -> None:
     import matplotlib.pyplot as plt
 
     hist = [r["history"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
     styles = {
         "router_on": ("Router, reuse on", "o-"),
         "router_off": ("Router, reuse off", "s-"),
         "direct_on": ("Direct P/D, reuse on", "o--"),
         "direct_off": ("Direct P/D, P recomputes", "s--"),
     }
-    for mode, (label, style) in styles.items():
-        ax.plot(hist, [r[mode] * 1000 for r in rows], style, label=label)
-    ax.set_xlabel("history length (tokens)")
-    ax.set_ylabel("TTFT of the next turn (ms)")
-    ax.set_title(f"Turn N+1 TTFT, vLLM CPU P/D, {model} model")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "ttft_vs_history.png", dpi=110)
-    plt.close(fig)
+    charts.lines(
+        out / "ttft_vs_history.png",
+        hist,
+        {label: ([r[mode] * 1000 for r in rows], style) for mode, (label, style) in styles.items()},
+        xlabel="history length (tokens)",
+        ylabel="TTFT of the next turn (ms)",
+        title=f"Turn N+1 TTFT, vLLM CPU P/D, {model} model",
+    )
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     x = list(range(len(rows)))
@@ -306,16 +303,14 @@ def main() -> None:
         print(header, flush=True)
         start_routers(dd, run_dir, ctx, timeouts, pids)
         one_conversation(ctx, "router_on", 256, rng)
-        for hist in histories:
-            for rep in range(args.reps):
-                for mode in rotation(MODES, rep):
-                    s = one_conversation(ctx, mode, hist, rng)
-                    samples.append(s)
-                    print(
-                        f"{mode:>10} {hist:>5}: TTFT {s.ttft_s * 1000:7.0f} ms, inside P "
-                        f"{s.p_engine_s * 1000:6.0f} ms, inside D {s.d_engine_s * 1000:5.0f} ms",
-                        flush=True,
-                    )
+        for hist, mode in rotated(histories, args.reps, MODES):
+            s = one_conversation(ctx, mode, hist, rng)
+            samples.append(s)
+            print(
+                f"{mode:>10} {hist:>5}: TTFT {s.ttft_s * 1000:7.0f} ms, inside P "
+                f"{s.p_engine_s * 1000:6.0f} ms, inside D {s.d_engine_s * 1000:5.0f} ms",
+                flush=True,
+            )
     finally:
         stop_all(pids)
     rows = summarize(samples)

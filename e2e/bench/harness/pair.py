@@ -8,7 +8,7 @@ a short retention TTL; each one used to reach into the TTFT script for it.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,15 @@ def rotation(modes: Sequence[str], rep: int) -> list[str]:
     after the same other one (the engines' state after a turn colours the next)."""
     k = rep % len(modes)
     return [*modes[k:], *modes[:k]]
+
+
+def rotated(sizes: Sequence[int], reps: int, modes: Sequence[str]) -> Iterator[tuple[int, str]]:
+    """Every (size, mode) a sweep times, in its order: per size, `reps` repetitions of every
+    mode, each repetition's modes rotated (`rotation`)."""
+    for size in sizes:
+        for rep in range(reps):
+            for mode in rotation(modes, rep):
+                yield size, mode
 
 
 def stop_all(pids: list[int]) -> None:

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from test_agent_workload import METRICS
+from test_agent_workload import FakeEngines, replayed
 
 from bench.agents import responses as ar
-from bench.agents import run as bench_agents
 from bench.agents import workload as aw
 
 
@@ -49,17 +45,11 @@ def test_every_request_is_stateless_greedy_and_exactly_as_long_as_planned() -> N
     assert body["temperature"] == 0.0 and body["tools"] == [ar.TOOL]
 
 
-class FakeRouter(BaseHTTPRequestHandler):
+class FakeRouter(FakeEngines):
     """A router answering each Responses request with one output message, streamed as named
     events; it keeps what it was sent (request id, conversation id, input)."""
 
     seen: dict[str, tuple[str, list[Any]]] = {}
-
-    def log_message(self, *_args: object) -> None:
-        pass
-
-    def do_GET(self) -> None:  # D's /metrics for the sampler: nothing in use
-        self.reply(METRICS.replace("} 0.25", "} 0.0").encode(), "text/plain")
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -75,25 +65,9 @@ class FakeRouter(BaseHTTPRequestHandler):
         raw = "".join(f"event: {n}\ndata: {json.dumps({'type': n, **d})}\n\n" for n, d in events)
         self.reply(raw.encode(), "text/event-stream")
 
-    def reply(self, data: bytes, kind: str) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
 
 def test_a_responses_replay_sends_the_whole_conversation_with_each_answer_echoed() -> None:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeRouter)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_port}"
-    plan = aw.make_plan(dataclasses.replace(aw.QUICK, conversations=2))
-    ctx = {"router": url, "p": url, "d": url, "model": "m", "timeout": 10.0, "label": "t"}
-    ctx |= {"ttl_s": 30.0, "api": "responses"}
-    try:
-        run = bench_agents.replay(ctx, plan, 0.0, bench_agents.KvSampler(url, 0.05))
-    finally:
-        server.shutdown()
+    plan, run = replayed(FakeRouter, api="responses")
     for conv in plan.conversations:
         expected: list[Any] = []
         for turn in conv.turns:

@@ -18,6 +18,7 @@ import statistics
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -239,17 +240,46 @@ def test_ds_used_blocks_come_from_its_usage_and_block_count() -> None:
     assert bench_agents.used_blocks(METRICS, total) == pytest.approx(0.25 * 2047)
 
 
-class FakeStack(BaseHTTPRequestHandler):
-    """A router streaming `max_tokens` ids per turn and a D with nothing in use; it keeps the
-    prompts and request ids it was sent."""
-
-    seen: list[tuple[str, list[int]]] = []
+class FakeEngines(BaseHTTPRequestHandler):
+    """One server for the router, P and D of a replay: its `/metrics` say D has nothing in use;
+    subclasses answer the turns."""
 
     def log_message(self, *_args: object) -> None:
         pass
 
     def do_GET(self) -> None:
         self.reply(METRICS.replace("} 0.25", "} 0.0").encode(), "text/plain")
+
+    def reply(self, data: bytes, kind: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def replayed(handler: type[FakeEngines], **ctx: Any) -> tuple[aw.Plan, dict[str, Any]]:
+    """A quick plan of two conversations replayed against `handler`, with `ctx` added to the
+    replay's context; the plan and the run."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    plan = aw.make_plan(dataclasses.replace(aw.QUICK, conversations=2))
+    base = {"router": url, "p": url, "d": url, "model": "m", "timeout": 10.0, "label": "t"}
+    try:
+        run = bench_agents.replay(
+            {**base, "ttl_s": 30.0, **ctx}, plan, 0.0, bench_agents.KvSampler(url, 0.05)
+        )
+    finally:
+        server.shutdown()
+    return plan, run
+
+
+class FakeStack(FakeEngines):
+    """A router streaming `max_tokens` ids per turn; it keeps the prompts and request ids it
+    was sent."""
+
+    seen: list[tuple[str, list[int]]] = []
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -260,25 +290,9 @@ class FakeStack(BaseHTTPRequestHandler):
         events = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
         self.reply(events.encode(), "text/event-stream")
 
-    def reply(self, data: bytes, kind: str) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
 
 def test_a_replay_chains_each_prompt_from_the_last_prompt_its_output_and_the_new_suffix() -> None:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeStack)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_port}"
-    plan = aw.make_plan(dataclasses.replace(aw.QUICK, conversations=2))
-    ctx = {"router": url, "p": url, "d": url, "model": "m", "timeout": 10.0, "label": "t"}
-    ctx["ttl_s"] = 30.0
-    try:
-        run = bench_agents.replay(ctx, plan, 0.0, bench_agents.KvSampler(url, 0.05))
-    finally:
-        server.shutdown()
+    plan, run = replayed(FakeStack)
     sent = dict(FakeStack.seen)
     for conv in plan.conversations:
         expected: list[int] = []
