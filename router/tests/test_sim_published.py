@@ -13,7 +13,9 @@ from boomsim import publish
 
 def test_the_published_tables_were_made_by_head_s_decision_code() -> None:
     found = publish.stamps(publish.DOC.read_text())
-    assert len(found) == 3, "docs/simulation.md: the calibration, sweeps and sensitivity blocks"
+    assert len(found) == 4, (
+        "docs/simulation.md: the calibration, CPU, sweeps and sensitivity blocks"
+    )
     now = publish.decision_hash()
     stale = [commit for commit, code in found if code != now]
     assert not stale, (

@@ -6,6 +6,7 @@ make sim                      # calibration, every sweep at full size over 3 see
 make sim ARGS=--quick         # the same, smaller (seconds); written to a temporary folder
 make sim ARGS="speed --turns 1000000"
 make sim ARGS=fit             # re-derive the GPU profile's fitted constants
+make sim ARGS=cpu             # the fair benchmark's CPU runs predicted (`cpu.py`)
 make sim ARGS="plan --manifest examples/qwen3-32b-adaptive.yaml --trace router.log"
                               # a deployment on a recorded workload (`plan.py`)
 """
@@ -13,6 +14,7 @@ make sim ARGS="plan --manifest examples/qwen3-32b-adaptive.yaml --trace router.l
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -20,7 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from boomsim import calibrate, plan, plot, publish, sensitivity, speed, sweep
+from boomsim import calibrate, cpu, plan, plot, publish, sensitivity, speed, sweep
+
+from bench.harness.repo import RESULTS as BENCH_RESULTS
 
 RESULTS = Path(__file__).resolve().parent.parent / "results"
 SWEEPS = (
@@ -44,7 +48,10 @@ def main(argv: list[str] | None = None) -> None:
         return
     ap = argparse.ArgumentParser(prog="boomsim", description=__doc__.splitlines()[0])
     ap.add_argument(
-        "what", nargs="?", default="all", choices=("all", "calibrate", "sweep", "speed", "fit")
+        "what",
+        nargs="?",
+        default="all",
+        choices=("all", "calibrate", "cpu", "sweep", "speed", "fit"),
     )
     ap.add_argument("--quick", action="store_true", help="smaller sweeps")
     ap.add_argument("--turns", type=int, default=100_000, help="speed: turns to simulate")
@@ -65,6 +72,14 @@ def main(argv: list[str] | None = None) -> None:
         published["calibration"] = calibrate.gpu_markdown(rows)
         print("Seeds' 1P1D table (Qwen3-32B, P's prefix cache off), mean TTFT:\n")
         print(published["calibration"] + "\n")
+    if args.what in ("all", "cpu"):
+        start = time.process_time()
+        rows = cpu.table(cpu.load(BENCH_RESULTS / "production"))
+        results["cpu"] = [dataclasses.asdict(r) for r in rows]
+        published["cpu"] = cpu.markdown(rows)
+        took = time.process_time() - start
+        print(f"The fair benchmark's CPU runs, predicted / measured ({took:.1f} s CPU):\n")
+        print(published["cpu"] + "\n")
     if args.what in ("all", "sweep"):
         sizes = sweep.QUICK if args.quick else sweep.FULL
         sections = []

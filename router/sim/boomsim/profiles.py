@@ -17,6 +17,7 @@ The cost shapes:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -62,6 +63,9 @@ class Profile:
     tier_bytes_per_s: float = 1.0
     """Loading from the CPU tier: host to GPU memory over PCIe, every GPU of the engine."""
     tier_latency_s: float = 0.0
+    decode_s_per_request: float = 0.0
+    """Per request in a decode step, beyond reading the weights and the KV: the CPU engines'
+    per-sequence work (`cpu_engines`); 0 on a GPU, whose step the reads bound."""
     pull_on_compute: bool = False
     """Where a pull's cost beyond the read goes (`pull_fixed_s`, `pull_s_per_token`). False
     (the fit's reading): the request waits and P's other requests go on. True: the step of P
@@ -81,7 +85,7 @@ class Profile:
         compute = (batch * self.linear_flops + self.attn_flops * kv_tokens) / (
             self.peak_flops * self.mfu
         )
-        return max(memory, compute)
+        return max(memory, compute) + batch * self.decode_s_per_request
 
     def transfer_s(self, tokens: int) -> float:
         """One NIXL read of `tokens` tokens of KV (0 tokens: no transfer)."""
@@ -246,55 +250,69 @@ def h100_qwen3_32b(kv_blocks: int | None = None) -> Profile:
     )
 
 
-# MEASURED-CONSTANT SLOTS of the CPU engines (docs/measurements.md, docs/benchmarks.md): the
-# 6.6M-parameter local model on vLLM's CPU build. Values marked PENDING are not measured yet.
-CPU_PREFILL_TOKENS_PER_S = 5438.0
-"""`make bench-paths`: prefill measured on P at 1,024 tokens (2-core Xeon, AVX-512)."""
+# The CPU engines' transfer, measured once (`make bench-paths`, docs/measurements.md): the
+# 6.6M-parameter local model on vLLM's CPU build. Everything else of a CPU profile comes from the
+# engine set it stands for (`cpu_engines`).
 CPU_CONTINUE_16_S = 0.054
-"""`make bench-paths`: a 16-token suffix continued on D (4,096-token history)."""
+"""A 16-token suffix continued on D after a 4,096-token history (whole TTFT)."""
 CPU_PULL_4K_S = 0.158
-"""`make bench-paths`: pull of a 4,096-token history with a 16-token suffix (whole TTFT)."""
+"""A pull of a 4,096-token history with a 16-token suffix (whole TTFT)."""
+CPU_PATHS_PREFILL_TOKENS_PER_S = 5438.0
+"""P's prefill rate at 1,024 tokens in the sitting that measured the two above."""
 CPU_BLOCK_SIZE = 128
-CPU_PRESSURE_BLOCKS = 200
-"""The production benchmark's pressure regime (both engines)."""
-CPU_DECODE_STEP_S: float | None = None
-"""PENDING: D's decode step at batch 1-8 on the CPU engine (not measured yet)."""
+CPU_SPARE_BLOCKS = 100_000
+"""Blocks per engine where a regime does not bound them: more than any regime's conversations
+hold (the CPU engine's KV space, 4 GiB of the tiny model's KV)."""
 
 
-def cpu_tiny(kv_blocks: int | None = None) -> Profile:
-    """The local CPU stack's tiny model, from the measured slots above.
+@dataclass(frozen=True)
+class DecodeStep:
+    """A CPU decoder's step: `fixed_s + per_request_s * batch + per_kv_token_s * kv_tokens`."""
 
-    Prefill is linear at the measured speed (`attn_flops` 0: at 6.6M parameters the measured
-    times did not separate attention); the transfer's latency and throughput are split from the
-    measured 4k pull by assuming the pull's fixed cost equals the continue's (both pay an engine
-    step and a request's admission). The decode step is PENDING and uses 20 ms."""
-    peak = 1e12  # a unit: linear_flops below is chosen so that prefill runs at the measured rate
-    step = CPU_DECODE_STEP_S if CPU_DECODE_STEP_S is not None else 0.020
-    xfer_fixed = CPU_CONTINUE_16_S - 16 / CPU_PREFILL_TOKENS_PER_S
-    per_token = max(1e-7, (CPU_PULL_4K_S - 2 * xfer_fixed - 16 / CPU_PREFILL_TOKENS_PER_S) / 4096)
+    fixed_s: float
+    per_request_s: float
+    per_kv_token_s: float
+
+
+def cpu_engines(
+    p_linear_s: float, p_quadratic_s: float, step: DecodeStep, kv_blocks: int = CPU_SPARE_BLOCKS
+) -> Profile:
+    """The local CPU stack's engines (`boomsim.cpu`): P's prefill time `p_linear_s * n +
+    p_quadratic_s * n * n` as the engine set measured it idle (`boomerang.local.calibrate`),
+    D's decode step as `step` gives it (the KV term is the step's read; where the batch's
+    tokens at P's prefill rate take longer, they count instead), and the fixed costs from the
+    measured continue and pull: a turn D serves from its own cache pays only the engine's
+    admission of a request (the continue, less its 16 tokens), and a pull pays that admission
+    and the NIXL read of its 4,096 tokens, which gives the read's cost per token."""
+    peak = 1e12  # a unit: the FLOPs below are chosen so that prefill takes the measured time
+    rate = CPU_PATHS_PREFILL_TOKENS_PER_S
+    admission = CPU_CONTINUE_16_S - 16 / rate
+    per_token = max(1e-7, (CPU_PULL_4K_S - admission - 16 / rate) / 4096)
     kv_bytes = 4096.0  # a unit: throughput below is per token through it
     return Profile(
-        name="cpu-tiny",
-        linear_flops=peak / CPU_PREFILL_TOKENS_PER_S,
-        attn_flops=0.0,
+        name="cpu-engines",
+        linear_flops=peak * p_linear_s,
+        attn_flops=peak * p_quadratic_s * 2,  # n * (ctx + n / 2) at ctx 0 is n * n / 2
         peak_flops=peak,
         mfu=1.0,
         weight_bytes=0.0,
         kv_bytes_per_token=kv_bytes,
-        hbm_bytes_per_s=1.0,
+        hbm_bytes_per_s=kv_bytes / step.per_kv_token_s if step.per_kv_token_s > 0 else math.inf,
         mbu=1.0,
-        step_fixed_s=step,
-        request_overhead_s=0.0,
-        xfer_latency_s=xfer_fixed,
+        step_fixed_s=step.fixed_s,
+        request_overhead_s=admission,
+        xfer_latency_s=0.0,
         xfer_bytes_per_s=kv_bytes / per_token,
         pull_fixed_s=0.0,
         pull_s_per_token=0.0,
         block_size=CPU_BLOCK_SIZE,
-        kv_blocks=kv_blocks if kv_blocks is not None else 8192,
+        kv_blocks=kv_blocks,
         token_budget=2048,
         max_running=64,
+        decode_s_per_request=step.per_request_s,
     )
 
 
 PROFILES: dict[str, Callable[[], Profile]] = {"h200": h200_qwen3_32b, "h100": h100_qwen3_32b}
-"""The GPU profiles a plan runs on, by name (`plan.py`; the CPU one is not calibrated)."""
+"""The GPU profiles a plan runs on, by name (`plan.py`; the CPU engines' is built per engine
+set: `cpu_engines`)."""
