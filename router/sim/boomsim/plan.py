@@ -11,9 +11,9 @@ first turn, follow-up TTFT p50 and p99, TPOT, goodput, paths. The manifest's own
 policy are marked. Every figure is **simulated** on a profile (`--profile`, the H200 one by
 default: `docs/simulation.md` says what is fitted and what is assumed).
 
-Not yet: predicting the local CPU stack's own runs against what they measured (the CPU
-profile is not calibrated, `docs/simulation.md`), and reading engines' metrics or the router's
-learned costs for calibration.
+The local CPU stack's own runs are predicted against what they measured by `cpu.py` (`make
+sim ARGS=cpu`), from the fair benchmark's recorded runs. Not yet: planning on the CPU profile,
+and reading engines' metrics or the router's learned costs for calibration.
 """
 
 from __future__ import annotations
