@@ -86,6 +86,25 @@ def test_a_request_arriving_mid_run_joins_at_the_next_step() -> None:
     )
 
 
+def test_a_streams_worst_gap_is_the_step_a_prefill_joined() -> None:
+    """Decoding alone, a stream's tokens come one decode step apart; a 4,000-token prompt that
+    joins mid-stream lengthens one step by its prefill, and that step is the stream's worst
+    inter-token gap (the figure TPOT averages away)."""
+    loop, e = _engine()
+    seen: dict[str, list[float]] = {}
+    stream = _req(1, 100, 100, seen)
+    quiet = _req(3, 100, 100, {})
+    e.submit(stream)
+    first = STEP + P.prefill_s(100, 0)
+    decode = STEP + P.decode_s(1, 0)
+    loop.at(first + 10.5 * decode, lambda _: e.submit(_req(2, 4000, 2, seen)))
+    loop.run()
+    assert stream.gap == pytest.approx(STEP + P.decode_s(1, 0) + P.prefill_s(4000, 0))
+    e.submit(quiet)
+    loop.run()
+    assert quiet.gap == pytest.approx(decode)
+
+
 def test_a_remote_load_is_read_before_the_request_computes() -> None:
     loop, e = _engine()
     seen: dict[str, list[float]] = {}

@@ -42,6 +42,7 @@ class Req:
         "ctx",
         "decode",
         "first_at",
+        "gap",
         "hold",
         "load",
         "on_done",
@@ -78,6 +79,8 @@ class Req:
         """Engine time its load costs beyond the read, spent in its first step
         (`Profile.pull_on_compute`)."""
         self.first_at = 0.0
+        self.gap = 0.0
+        """The longest step while it was generating: its worst inter-token gap."""
 
 
 class Engine:
@@ -110,6 +113,8 @@ class Engine:
         self.busy = False
         self._gen = 0
         self._epoch: tuple[float, float, int] | None = None
+        self._run_at = 0.0
+        """When the step (or run of decode steps) under way started."""
         self.busy_s = 0.0
         self.computed = 0
         self.loaded = 0
@@ -214,6 +219,7 @@ class Engine:
             budget -= n
         self._gen += 1
         now = self.loop.now
+        self._run_at = now
         if chunks:
             self._epoch = None
             self.loop.at(now + t, self._end, (self._gen, 1, chunks))
@@ -246,7 +252,9 @@ class Engine:
         now = self.loop.now
         finished: list[Req] = []
         if self.running:
+            step_s = (now - self._run_at) / k
             for r in self.running:
+                r.gap = max(r.gap, step_s)
                 r.decode -= k
                 r.ctx += k
                 if r.decode <= 0:

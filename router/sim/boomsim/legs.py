@@ -181,5 +181,5 @@ class Turn:
         c.last_answer[self.conv] = now
         tpot = (now - req.first_at) / (self.answer - 1) if self.answer > 1 else None
         met = c.slo.meets(self.prompt, self.answer, req.first_at - self.t0, tpot)
-        c.metrics.finished(self.answer, req.first_at, now, met=met)
+        c.metrics.finished(self.answer, req.first_at, now, met=met, gap=req.gap)
         self.done(now)

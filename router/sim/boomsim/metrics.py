@@ -26,6 +26,9 @@ class Metrics:
         self.ttft_first: array[float] = array("d")
         self.ttft_follow: array[float] = array("d")
         self.tpot: array[float] = array("d")
+        self.gap: array[float] = array("d")
+        """Per stream of more than one token: its worst inter-token gap (the longest engine
+        step while it generated; a prefill mixed into a decoder's step lengthens it)."""
         self.paths: dict[str, int] = {}
         self.out_tokens = 0
         self.turns = 0
@@ -44,12 +47,15 @@ class Metrics:
         (self.ttft_first if index == 0 else self.ttft_follow).append(ttft)
         self.paths[path] = self.paths.get(path, 0) + 1
 
-    def finished(self, answer: int, first_at: float, t: float, *, met: bool) -> None:
+    def finished(
+        self, answer: int, first_at: float, t: float, *, met: bool, gap: float = 0.0
+    ) -> None:
         self.turns += 1
         self.met += met
         self.out_tokens += answer
         if answer > 1:
             self.tpot.append((t - first_at) / (answer - 1))
+            self.gap.append(gap)
         self.last_at = max(self.last_at, t)
 
     def summary(self) -> dict[str, Any]:
@@ -67,6 +73,8 @@ class Metrics:
             "follow_p99": percentile(self.ttft_follow, 0.99),
             "tpot_p50": percentile(self.tpot, 0.5),
             "tpot_p99": percentile(self.tpot, 0.99),
+            "gap_p50": percentile(self.gap, 0.5),
+            "gap_p99": percentile(self.gap, 0.99),
             "turns_per_s": self.turns / span,
             "goodput": self.met / span,
             "attainment": self.met / self.turns if self.turns else float("nan"),
