@@ -92,3 +92,18 @@ def test_the_cpu_tier_keeps_the_longest_prompt_and_evicts_the_least_recently_use
     assert tier.used == 800 and tier.evicted == 400
     tier.put(4, 2000)  # larger than the tier: not stored, nothing evicted for it
     assert tier.get(4) == 0 and tier.used == 800
+
+
+def test_the_blocks_held_for_someone_are_integrated_over_time() -> None:
+    """In use or pinned counts, cached does not: 100 blocks in use for 2 s, 40 of them pinned
+    for 3 s more, then cached for 5 s: (200 + 120) block-seconds of 1,000 blocks over 10 s."""
+    now = [0.0]
+    pool = BlockPool(1000, clock=lambda: now[0])
+    pool.acquire(1, 100)
+    now[0] = 2.0
+    pool.release(1, 40, pin=True)
+    now[0] = 5.0
+    pool.unpin(1)
+    now[0] = 10.0
+    assert pool.held_share(10.0) == pytest.approx(320 / 10_000)
+    pool.check()

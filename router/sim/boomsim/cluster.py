@@ -73,7 +73,8 @@ class Cluster:
         self.last_answer: dict[int, float] = {}
 
     def _engine(self, name: str, role: str, blocks: int | None, caching: bool) -> Engine:
-        pool = BlockPool(blocks if blocks is not None else self.p.kv_blocks, caching=caching)
+        size = blocks if blocks is not None else self.p.kv_blocks
+        pool = BlockPool(size, caching=caching, clock=lambda: self.loop.now)
         floor = self.s.recompute_threshold if role == "prefill" else 0
         return Engine(name, role, self.p, self.loop, pool, floor)
 

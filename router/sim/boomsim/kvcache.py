@@ -7,7 +7,12 @@ matters: a prefix-cache hit is the held prefix in whole blocks; eviction takes t
 recently used conversation's blocks from its tail first (vLLM frees a request's blocks in
 reverse order, so its tail is evicted first); blocks in use or pinned are never evicted.
 
-Invariant (`check`): free + the blocks of every item == capacity.
+Invariant (`check`): free + the blocks of every item == capacity; `cached` is the blocks of
+the LRU's items.
+
+Given a clock, the pool also integrates the blocks it holds for someone (in use or pinned, not
+cached: a cached block is free to evict) over time (`held_block_s`): the KV a policy keeps
+occupied, which a decoder's retained leases raise.
 """
 
 from __future__ import annotations
@@ -27,9 +32,22 @@ PINNED: Final = 2
 class BlockPool:
     """Blocks of one engine; items keyed by conversation id: [blocks, state]."""
 
-    __slots__ = ("caching", "capacity", "evicted", "free", "items", "lru")
+    __slots__ = (
+        "_at",
+        "cached",
+        "caching",
+        "capacity",
+        "clock",
+        "evicted",
+        "free",
+        "held_block_s",
+        "items",
+        "lru",
+    )
 
-    def __init__(self, capacity: int, *, caching: bool = True) -> None:
+    def __init__(
+        self, capacity: int, *, caching: bool = True, clock: Callable[[], float] | None = None
+    ) -> None:
         self.capacity = capacity
         self.caching = caching
         """Prefix caching on: finished requests' blocks stay cached until evicted."""
@@ -37,6 +55,18 @@ class BlockPool:
         self.items: dict[int, list[int]] = {}
         self.lru: OrderedDict[int, None] = OrderedDict()
         self.evicted = 0
+        self.cached = 0
+        self.clock = clock
+        self.held_block_s = 0.0
+        """Blocks in use or pinned, integrated over the clock's time (module docs)."""
+        self._at = clock() if clock is not None else 0.0
+
+    def _tick(self) -> None:
+        """Account the blocks held since the last change, before this one."""
+        if self.clock is not None:
+            now = self.clock()
+            self.held_block_s += (now - self._at) * (self.capacity - self.free - self.cached)
+            self._at = now
 
     def held(self, conv: int) -> int:
         """Blocks of `conv` this engine holds (any state)."""
@@ -53,15 +83,18 @@ class BlockPool:
         rest from the free blocks, evicting cached ones and, when `yield_leases` is given,
         asking leases to yield (it unpins some) when that is still short. False (and nothing
         taken) when they cannot be found."""
+        self._tick()
         item = self.items.get(conv)
         have = item[0] if item is not None else 0
         need = blocks - have
         if item is not None and item[1] == CACHED:
             del self.lru[conv]  # in use from now: not evictable, nor counted as such
+            self.cached -= item[0]
             item[1] = IN_USE
         if need > self.free and not self._room(need, yield_leases):
             if item is not None and item[1] == IN_USE:
                 item[1] = CACHED
+                self.cached += item[0]
                 self.lru[conv] = None
                 self.lru.move_to_end(conv, last=False)  # as old as it was, near enough
             return False
@@ -91,6 +124,7 @@ class BlockPool:
             take = min(item[0], need - self.free)
             item[0] -= take
             self.free += take
+            self.cached -= take
             self.evicted += take
             if item[0] == 0:
                 del lru[conv]
@@ -99,7 +133,10 @@ class BlockPool:
     def release(self, conv: int, keep: int, *, pin: bool = False) -> None:
         """The request of `conv` finished: keep `keep` whole blocks (cached, or pinned for a
         lease), free the rest."""
+        self._tick()
         item = self.items[conv]
+        if item[1] == CACHED:
+            self.cached -= item[0]
         keep = min(keep, item[0]) if (self.caching or pin) else 0
         self.free += item[0] - keep
         if keep <= 0:
@@ -112,6 +149,7 @@ class BlockPool:
             self.lru.pop(conv, None)
         else:
             item[1] = CACHED
+            self.cached += keep
             self.lru[conv] = None
             self.lru.move_to_end(conv)
 
@@ -121,9 +159,11 @@ class BlockPool:
         item = self.items.get(conv)
         if item is None or item[1] != PINNED:
             return 0
+        self._tick()
         blocks = item[0]
         if self.caching:
             item[1] = CACHED
+            self.cached += blocks
             self.lru[conv] = None
             self.lru.move_to_end(conv, last=False)  # old: the turn finished a while ago
         else:
@@ -144,6 +184,13 @@ class BlockPool:
             raise AssertionError(f"blocks not conserved: {total} != {self.capacity}")
         if set(self.lru) != {c for c, (_, s) in self.items.items() if s == CACHED}:
             raise AssertionError("LRU order out of step with the cached items")
+        if self.cached != self.evictable():
+            raise AssertionError(f"cached count {self.cached} != {self.evictable()}")
+
+    def held_share(self, span_s: float) -> float:
+        """The share of the blocks held for someone, on average over `span_s` to now."""
+        self._tick()
+        return self.held_block_s / (self.capacity * span_s) if span_s > 0 else 0.0
 
 
 class CpuTier:

@@ -60,6 +60,7 @@ FIGURES = (
     "tpot_p50",
     "tpot_p99",
     "gap_p99",
+    "kv_held",
     "goodput",
     "attainment",
     "turns_per_s",
@@ -213,8 +214,8 @@ def markdown(rows: list[dict[str, Any]], key: str) -> str:
     seeds = max((r.get("seeds", 1) for r in rows), default=1)
     lines = [
         f"| {key} | policy | first turn p50 | follow-up p50 | follow-up p99 | TPOT p50 / p99 | "
-        "worst gap p99 | goodput (attainment) | turns/s | paths |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "worst gap p99 | D's KV held | goodput (attainment) | turns/s | paths |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     best = best_baselines(rows, key)
     for value in dict.fromkeys(r[key] for r in rows):
@@ -223,14 +224,15 @@ def markdown(rows: list[dict[str, Any]], key: str) -> str:
             lines.append(
                 f"| {r[key]} | {r['policy']} | {cell(r, 'first_p50')} | {cell(r, 'follow_p50')} | "
                 f"{cell(r, 'follow_p99')} | {_t(r['tpot_p50'])} / {_t(r['tpot_p99'])} | "
-                f"{_t(r['gap_p99'])} | {cell(r, 'goodput', per_s)} ({r['attainment']:.0%}) | "
+                f"{_t(r['gap_p99'])} | {r['kv_held']:.0%} | "
+                f"{cell(r, 'goodput', per_s)} ({r['attainment']:.0%}) | "
                 f"{r['turns_per_s']:.2f} | {paths} |"
             )
         if (b := best.get(value)) is not None:
             lines.append(
                 f"| {value} | *best peer* | {b['first_p50']} | {b['follow_p50']} | "
                 f"{b['follow_p99']} | {b['tpot_p50']} / {b['tpot_p99']} | {b['gap_p99']} | "
-                f"{b['goodput']} | "
+                f"{b['kv_held']} | {b['goodput']} | "
                 f"{b['turns_per_s']} | |"
             )
     if seeds > 1:
