@@ -82,10 +82,11 @@ def test_the_regimes_are_the_benchmark_s_own() -> None:
 
 
 def test_the_published_runs_are_predicted_as_docs_simulation_md_claims() -> None:
-    """TPOT p50 and wall within 25 % on every row D's step was not measured on."""
+    """TPOT p50 and wall within 25 % on every row of the claimed regimes but the one D's step
+    was measured on."""
     rows = cpu.table(cpu.load(RESULTS / "production"))
     assert sum(r.fitted for r in rows) == 1
-    held_out = [r for r in rows if not r.fitted]
+    held_out = [r for r in rows if not r.fitted and r.regime in cpu.CLAIMED_REGIMES]
     assert len(held_out) >= 11
     for figure in cpu.CLAIMED:
         missed = [

@@ -474,16 +474,18 @@ def equal_regimes(res: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
 def run_sizes(res: Mapping[str, Any], regimes: Iterable[str], mode: str) -> str | None:
     """Per regime, the conversations and follow-ups of a run of `mode` (medians), and what a
     follow-up p99 then is: with fewer than 100 follow-ups it is about the worst one."""
-    parts = []
+    sizes: dict[str, list[str]] = {}  # "N conversations and M follow-ups" -> its regimes
     for regime in regimes:
         runs = [r for r in res.get("runs", ()) if r["regime"] == regime and r["mode"] == mode]
         if not runs:
             continue
         convs = median(len({rec.get("conversation_id") for rec in r["records"]}) for r in runs)
         follow = median(sum(1 for rec in r["records"] if _follow_up(rec)) for r in runs)
-        parts.append(f"{regime}: {convs:.0f} conversations and {follow:.0f} follow-ups a run")
-    if not parts:
+        size = f"{convs:.0f} conversations and {follow:.0f} follow-ups a run"
+        sizes.setdefault(size, []).append(regime.removesuffix(", equal engines"))
+    if not sizes:
         return None
+    parts = [f"{size} ({', '.join(names)})" for size, names in sizes.items()]
     return (
         "; ".join(parts) + ". With fewer than 100 follow-ups a run, a follow-up p99 is about "
         "the run's worst follow-up (its median over the rounds, the typical worst)."
@@ -503,16 +505,13 @@ def equal_readme_block(res: Mapping[str, Any]) -> str | None:
         return None
     names = ", ".join(p.removesuffix("@quiet") for p in peers)
     prose = textwrap.fill(
-        f"Measured by vLLM's own multi-turn benchmark client ({res['client']}, fetched at run "
-        "time) on real vLLM CPU engines (tiny model, 2 cores), every mode on Boomerang's "
-        "engines: its default configuration against the policies peers ship, with prefix "
-        f"caching on and bidirectional off ({names}: llm-d's decode-first at thresholds that "
-        "fire on tool results, Dynamo's conditional disaggregation and its load variant). "
-        "Each cell: the default's median over the rounds divided by the best peer's for that "
-        "figure; SLO goodput is the turns per second meeting a TTFT bound "
-        f"({slo.GOODPUT_SCALE:g} idle prefills of the prompt) and a TPOT bound "
-        f"({slo.GOODPUT_SCALE:g} idle decoder TPOTs), higher is better; (tie): inside the "
-        "A/A noise band; bold: a target missed; lost turns: a total:",
+        f"vLLM's own multi-turn client ({res['client']}, fetched at run time) on real vLLM CPU "
+        "engines (tiny model, 2 cores), every mode on Boomerang's engines with prefix caching "
+        f"on: the default against the peers' policies with bidirectional off ({names}). Each "
+        "cell: the default's median over the rounds divided by the best peer's for that "
+        f"figure; SLO goodput: turns per second within {slo.GOODPUT_SCALE:g} idle prefills of "
+        f"their prompt and {slo.GOODPUT_SCALE:g} idle decoder TPOTs, higher is better; (tie): "
+        "inside the A/A noise band; bold: a target missed; lost turns: a total:",
         width=96,
     )
     lines = [prose, "", table_, ""]
@@ -532,8 +531,8 @@ def equal_readme_block(res: Mapping[str, Any]) -> str | None:
         ))  # fmt: skip
         lines.append("")
     after = (
-        f"{CAUSES_HINT} `make bench-production ARGS=--equal` reproduces it; the stock "
-        "comparison, the method, every mode's figures and earlier sittings: `docs/benchmarks.md`."
+        "Causes, every mode's figures, the method and earlier sittings: `docs/benchmarks.md`; "
+        "`make bench-production ARGS=--equal` reproduces it."
     )
     chart_ = f"![SLO attainment against the SLO scale]({CHARTS}/production_slo.png)"
     return "\n".join([*lines, textwrap.fill(after, width=96), "", chart_])

@@ -179,4 +179,4 @@ def test_the_headline_says_how_many_follow_ups_a_p99_is_of_and_leaves_old_router
     assert list(report.equal_regimes(res)) == ["agentic"]
     block = report.readme_block(res)
     assert "| agentic, router 6984497 |" not in block
-    assert "agentic: 3 conversations and 5 follow-ups a run" in block
+    assert "3 conversations and 5 follow-ups a run (agentic)" in block
