@@ -74,9 +74,9 @@ def main(argv: list[str] | None = None) -> None:
         print(published["calibration"] + "\n")
     if args.what in ("all", "cpu"):
         start = time.process_time()
-        rows = cpu.table(cpu.load(BENCH_RESULTS / "production"))
-        results["cpu"] = [dataclasses.asdict(r) for r in rows]
-        published["cpu"] = cpu.markdown(rows)
+        cpu_rows = cpu.table(cpu.load(BENCH_RESULTS / "production"))
+        results["cpu"] = [dataclasses.asdict(r) for r in cpu_rows]
+        published["cpu"] = cpu.markdown(cpu_rows)
         took = time.process_time() - start
         print(f"The fair benchmark's CPU runs, predicted / measured ({took:.1f} s CPU):\n")
         print(published["cpu"] + "\n")
