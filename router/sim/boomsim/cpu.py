@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from boomerang.router.learning.wls import solve
 from boomsim.cluster import Topology
 from boomsim.policies import Settings
 from boomsim.profiles import DecodeStep, cpu_engines
@@ -150,26 +151,11 @@ def decode_step(runs: Sequence[Mapping[str, Any]]) -> DecodeStep:
     ys = [y for y, _, _ in samples]
     normal = [[sum(r[i] * r[j] for r in rows) for j in range(3)] for i in range(3)]
     rhs = [sum(r[i] * y for r, y in zip(rows, ys, strict=True)) for i in range(3)]
-    fixed, per_request, per_kv = _solve(normal, rhs)
+    solved = solve(normal, rhs)  # the router's own: the normal equations are SPD
+    if solved is None:
+        raise ValueError("the decode samples do not separate batch from KV")
+    fixed, per_request, per_kv = solved
     return DecodeStep(fixed, per_request, per_kv)
-
-
-def _solve(a: list[list[float]], b: list[float]) -> list[float]:
-    """`a x = b` for a small well-posed system (Gaussian elimination, partial pivoting)."""
-    n = len(b)
-    m = [[*row, rhs] for row, rhs in zip(a, b, strict=True)]
-    for col in range(n):
-        pivot = max(range(col, n), key=lambda i: abs(m[i][col]))
-        if abs(m[pivot][col]) < 1e-300:
-            raise ValueError("the decode samples do not separate batch from KV")
-        m[col], m[pivot] = m[pivot], m[col]
-        for i in range(col + 1, n):
-            f = m[i][col] / m[col][col]
-            m[i] = [x - f * y for x, y in zip(m[i], m[col], strict=True)]
-    x = [0.0] * n
-    for i in reversed(range(n)):
-        x[i] = (m[i][n] - sum(m[i][j] * x[j] for j in range(i + 1, n))) / m[i][i]
-    return x
 
 
 def predict(

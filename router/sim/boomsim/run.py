@@ -68,10 +68,8 @@ def run(
     start = time.process_time()
     loop.run()
     wall = time.process_time() - start
-    summary = cluster.metrics.summary()
     span = loop.now  # the pools integrate from 0 until the last event (a lease's end, say)
-    held = [d.pool.held_share(span) for d in cluster.decode]
-    summary["kv_held"] = sum(held) / len(held) if held else float("nan")
+    shares = {e.name: e.pool.held_share(span) for e in cluster.prefill + cluster.decode}
     engines = {}
     for e in cluster.prefill + cluster.decode:
         if check:
@@ -82,9 +80,12 @@ def run(
             "tier_loaded": e.tier_loaded,
             "busy_s": round(e.busy_s, 3),
             "evicted_blocks": e.pool.evicted,
-            "held_share": round(e.pool.held_share(span), 4),
+            "held_share": round(shares[e.name], 4),
             "lease_ends": dict(sorted(e.lease_ends.items())),
         }
+    summary = cluster.metrics.summary()
+    held = [shares[d.name] for d in cluster.decode]
+    summary["kv_held"] = sum(held) / len(held) if held else float("nan")
     return Result(summary, wall, loop.events, engines)
 
 
